@@ -1,0 +1,3 @@
+module github.com/loom-ml/loom
+
+go 1.26.8

@@ -1,0 +1,225 @@
+package tensor
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Tensor is a dense, row-major host tensor. Exactly one of the storage slices is set, the one
+// that matches DType: F32 for f32, Half for bf16 and f16 (raw bit patterns), I32, I64 or Bool.
+// Storage may alias memory that the tensor does not own (a memory-mapped checkpoint, say);
+// such tensors are read-only by convention.
+type Tensor struct {
+	DType DType
+	Shape []int
+
+	F32  []float32
+	Half []uint16
+	I32  []int32
+	I64  []int64
+	Bool []bool
+}
+
+// Numel is the number of elements of a shape; the empty shape (a scalar) has one.
+func Numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// New allocates a zeroed tensor.
+func New(dt DType, shape ...int) *Tensor {
+	t := &Tensor{DType: dt, Shape: append([]int(nil), shape...)}
+	n := Numel(shape)
+	switch dt {
+	case F32:
+		t.F32 = make([]float32, n)
+	case BF16, F16:
+		t.Half = make([]uint16, n)
+	case I32:
+		t.I32 = make([]int32, n)
+	case I64:
+		t.I64 = make([]int64, n)
+	case Bool:
+		t.Bool = make([]bool, n)
+	}
+	return t
+}
+
+// FromF32 wraps data (not copied) as an f32 tensor of the given shape.
+func FromF32(data []float32, shape ...int) *Tensor {
+	return &Tensor{DType: F32, Shape: append([]int(nil), shape...), F32: data}
+}
+
+// FromI32 wraps data (not copied) as an i32 tensor of the given shape.
+func FromI32(data []int32, shape ...int) *Tensor {
+	return &Tensor{DType: I32, Shape: append([]int(nil), shape...), I32: data}
+}
+
+// Numel is the number of elements.
+func (t *Tensor) Numel() int { return Numel(t.Shape) }
+
+// Len is the length of the populated storage slice.
+func (t *Tensor) Len() int {
+	switch t.DType {
+	case F32:
+		return len(t.F32)
+	case BF16, F16:
+		return len(t.Half)
+	case I32:
+		return len(t.I32)
+	case I64:
+		return len(t.I64)
+	case Bool:
+		return len(t.Bool)
+	}
+	return 0
+}
+
+// Validate checks that the storage matches the dtype and shape.
+func (t *Tensor) Validate() error {
+	if t == nil {
+		return fmt.Errorf("nil tensor")
+	}
+	for _, d := range t.Shape {
+		if d < 0 {
+			return fmt.Errorf("negative dimension in shape %v", t.Shape)
+		}
+	}
+	if t.Len() != t.Numel() {
+		return fmt.Errorf("%s%v tensor holds %d elements, shape needs %d", t.DType, t.Shape, t.Len(), t.Numel())
+	}
+	return nil
+}
+
+// At returns element i (row-major flat index) widened to float64. Integers and bools convert.
+func (t *Tensor) At(i int) float64 {
+	switch t.DType {
+	case F32:
+		return float64(t.F32[i])
+	case BF16:
+		return float64(BF16ToF32(t.Half[i]))
+	case F16:
+		return float64(F16ToF32(t.Half[i]))
+	case I32:
+		return float64(t.I32[i])
+	case I64:
+		return float64(t.I64[i])
+	case Bool:
+		if t.Bool[i] {
+			return 1
+		}
+	}
+	return 0
+}
+
+// Float32s returns the elements as float32: the storage itself for f32 (do not modify it),
+// a widened copy otherwise.
+func (t *Tensor) Float32s() []float32 {
+	if t.DType == F32 {
+		return t.F32
+	}
+	out := make([]float32, t.Numel())
+	switch t.DType {
+	case BF16:
+		for i, h := range t.Half {
+			out[i] = BF16ToF32(h)
+		}
+	case F16:
+		for i, h := range t.Half {
+			out[i] = F16ToF32(h)
+		}
+	default:
+		for i := range out {
+			out[i] = float32(t.At(i))
+		}
+	}
+	return out
+}
+
+// Int64s returns the elements as int64 (a copy unless the tensor is i64).
+func (t *Tensor) Int64s() []int64 {
+	if t.DType == I64 {
+		return t.I64
+	}
+	out := make([]int64, t.Numel())
+	switch t.DType {
+	case I32:
+		for i, v := range t.I32 {
+			out[i] = int64(v)
+		}
+	default:
+		for i := range out {
+			out[i] = int64(t.At(i))
+		}
+	}
+	return out
+}
+
+// Cast converts to another dtype, rounding floats to nearest even and truncating floats to
+// integers toward zero. Casting to the same dtype returns t itself.
+func (t *Tensor) Cast(dt DType) *Tensor {
+	if dt == t.DType {
+		return t
+	}
+	out := New(dt, t.Shape...)
+	n := t.Numel()
+	switch dt {
+	case F32:
+		copy(out.F32, t.Float32s())
+	case BF16:
+		src := t.Float32s()
+		for i := range n {
+			out.Half[i] = F32ToBF16(src[i])
+		}
+	case F16:
+		src := t.Float32s()
+		for i := range n {
+			out.Half[i] = F32ToF16(src[i])
+		}
+	case I32:
+		for i := range n {
+			out.I32[i] = int32(t.At(i))
+		}
+	case I64:
+		for i := range n {
+			out.I64[i] = int64(t.At(i))
+		}
+	case Bool:
+		for i := range n {
+			out.Bool[i] = t.At(i) != 0
+		}
+	}
+	return out
+}
+
+// Clone returns a deep copy.
+func (t *Tensor) Clone() *Tensor {
+	c := &Tensor{DType: t.DType, Shape: append([]int(nil), t.Shape...)}
+	c.F32 = append([]float32(nil), t.F32...)
+	c.Half = append([]uint16(nil), t.Half...)
+	c.I32 = append([]int32(nil), t.I32...)
+	c.I64 = append([]int64(nil), t.I64...)
+	c.Bool = append([]bool(nil), t.Bool...)
+	return c
+}
+
+// String prints dtype, shape and up to 8 leading values.
+func (t *Tensor) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s%v[", t.DType, t.Shape)
+	n := min(t.Numel(), 8)
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(" ")
+		}
+		fmt.Fprintf(&sb, "%g", t.At(i))
+	}
+	if t.Numel() > n {
+		sb.WriteString(" ...")
+	}
+	sb.WriteString("]")
+	return sb.String()
+}
