@@ -1,0 +1,365 @@
+package cpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Program is a graph compiled for the CPU: its kernels chosen, its parameters loaded and its
+// constants evaluated. Run may be called concurrently; runs share only read-only state.
+type Program struct {
+	g       *graph.Graph
+	values  []*graph.Value // per slot: graph inputs, then node outputs in order
+	inputs  []inputSlot
+	fixed   []*tensor.Tensor // per slot: loaded params and evaluated consts, nil otherwise
+	steps   []step
+	outputs []int // slot of each graph output
+
+	// onFree, when set (by tests), is told of every value a run releases.
+	onFree func(v *graph.Value)
+}
+
+type inputSlot struct {
+	v    *graph.Value
+	slot int
+}
+
+// step runs one node.
+type step struct {
+	node   *graph.Node
+	kernel Kernel
+	in     []int // slots read
+	out    []int // slots written
+	free   []int // slots whose last use is this step
+}
+
+// Graph returns the graph the program was compiled from. It must not be modified.
+func (p *Program) Graph() *graph.Graph { return p.g }
+
+// Compile prepares g to run on the CPU. It verifies the graph, checks that every op has a
+// kernel (see Lookup), loads every param through w and evaluates every const node once.
+// w may be nil for a graph without params. The kernels are fixed at this point: a later
+// Register does not change a compiled program.
+func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, error) {
+	if g == nil {
+		return nil, errors.New("cpu: compile: nil graph")
+	}
+	start := time.Now()
+	if err := graph.Verify(g); err != nil {
+		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
+	}
+	p := &Program{g: g}
+	slot := map[*graph.Value]int{}
+	for _, v := range g.Inputs {
+		slot[v] = len(p.values)
+		p.inputs = append(p.inputs, inputSlot{v: v, slot: len(p.values)})
+		p.values = append(p.values, v)
+	}
+	for _, n := range g.Nodes {
+		for _, o := range n.Outputs {
+			slot[o] = len(p.values)
+			p.values = append(p.values, o)
+		}
+	}
+	p.fixed = make([]*tensor.Tensor, len(p.values))
+	// Kernels first, so that a graph we cannot run fails before any weight is read.
+	var missing []error
+	kernels := make([]Kernel, len(g.Nodes))
+	for i, n := range g.Nodes {
+		if n.Op == graph.OpParam {
+			continue
+		}
+		k, ok := Lookup(n.Op)
+		if !ok {
+			missing = append(missing, fmt.Errorf("no CPU kernel for op %q (node %s)", n.Op, n))
+			continue
+		}
+		kernels[i] = k
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, errors.Join(missing...))
+	}
+	if err := checkSymbols(g); err != nil {
+		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
+	}
+	var params, paramBytes int
+	for i, n := range g.Nodes {
+		switch n.Op {
+		case graph.OpParam:
+			t, err := loadParam(ctx, n, w)
+			if err != nil {
+				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
+			}
+			p.fixed[slot[n.Out()]] = t
+			params++
+			paramBytes += t.Numel() * t.DType.Size()
+		case graph.OpConst:
+			o, err := resolveOuts(n, nil)
+			if err != nil {
+				return nil, fmt.Errorf("cpu: compile %s: %s: %w", g.Name, n, err)
+			}
+			res, err := runKernel(kernels[i], n, nil, o)
+			if err != nil {
+				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
+			}
+			p.fixed[slot[n.Out()]] = res[0]
+		default:
+			st := step{node: n, kernel: kernels[i]}
+			for _, in := range n.Inputs {
+				st.in = append(st.in, slot[in])
+			}
+			for _, o := range n.Outputs {
+				st.out = append(st.out, slot[o])
+			}
+			p.steps = append(p.steps, st)
+		}
+	}
+	for _, o := range g.Outputs {
+		p.outputs = append(p.outputs, slot[o])
+	}
+	p.planFrees()
+	slog.Debug("cpu: compiled", "graph", g.Name, "nodes", len(g.Nodes), "steps", len(p.steps),
+		"params", params, "param_bytes", paramBytes, "elapsed", time.Since(start))
+	return p, nil
+}
+
+// planFrees records on each step the slots it reads for the last time. Graph outputs and
+// fixed values (params, consts) are never released; a value nobody reads is released right
+// after the step that makes it.
+func (p *Program) planFrees() {
+	keep := make([]bool, len(p.values))
+	for _, s := range p.outputs {
+		keep[s] = true
+	}
+	for s, t := range p.fixed {
+		keep[s] = keep[s] || t != nil
+	}
+	last := make([]int, len(p.values))
+	for i := range last {
+		last[i] = -1
+	}
+	for i, st := range p.steps {
+		for _, s := range st.out {
+			last[s] = i
+		}
+		for _, s := range st.in {
+			last[s] = i
+		}
+	}
+	for s, i := range last {
+		if i >= 0 && !keep[s] {
+			p.steps[i].free = append(p.steps[i].free, s)
+		}
+	}
+}
+
+// checkSymbols makes sure every symbol in a node's output shape is bound by some graph input.
+func checkSymbols(g *graph.Graph) error {
+	bound := map[string]bool{}
+	for _, in := range g.Inputs {
+		for _, d := range in.Type.Shape {
+			if d.IsSym() {
+				bound[d.Sym] = true
+			}
+		}
+	}
+	for _, n := range g.Nodes {
+		for _, o := range n.Outputs {
+			for _, d := range o.Type.Shape {
+				if d.IsSym() && !bound[d.Sym] {
+					return fmt.Errorf("node %s: symbol %s is not bound by any graph input", n, d.Sym)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// loadParam reads a param node's tensor and checks it against the node's type.
+func loadParam(ctx context.Context, n *graph.Node, w backend.Weights) (*tensor.Tensor, error) {
+	ref, err := graph.ParamOf(n)
+	if err != nil {
+		return nil, err
+	}
+	if w == nil {
+		return nil, fmt.Errorf("param %s: no weights given", ref)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("param %s: %w", ref, err)
+	}
+	t, err := w.Load(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("load param %s: %w", ref, err)
+	}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("load param %s: %w", ref, err)
+	}
+	want := n.Out().Type
+	shape, err := want.Shape.Resolve(nil)
+	if err != nil {
+		return nil, fmt.Errorf("param %s: %w", ref, err)
+	}
+	if t.DType != want.DType || !slices.Equal(t.Shape, shape) {
+		return nil, fmt.Errorf("load param %s: got %s%v, want %s", ref, t.DType, t.Shape, want)
+	}
+	return t, nil
+}
+
+// resolveOuts gives the concrete dtype and shape of each of n's outputs.
+func resolveOuts(n *graph.Node, env map[string]int) ([]Out, error) {
+	outs := make([]Out, len(n.Outputs))
+	for i, o := range n.Outputs {
+		shape, err := o.Type.Shape.Resolve(env)
+		if err != nil {
+			return nil, err
+		}
+		outs[i] = Out{DType: o.Type.DType, Shape: shape}
+	}
+	return outs, nil
+}
+
+// runKernel calls k and checks that it kept its contract; errors carry the node's text.
+func runKernel(k Kernel, n *graph.Node, in []*tensor.Tensor, outs []Out) ([]*tensor.Tensor, error) {
+	res, err := k(n, in, outs)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", n, err)
+	}
+	if len(res) != len(outs) {
+		return nil, fmt.Errorf("%s: kernel returned %d outputs, want %d", n, len(res), len(outs))
+	}
+	for i, r := range res {
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: kernel output %d: %w", n, i, err)
+		}
+		if r.DType != outs[i].DType || !slices.Equal(r.Shape, outs[i].Shape) {
+			return nil, fmt.Errorf("%s: kernel output %d is %s%v, want %s", n, i, r.DType, r.Shape, outs[i])
+		}
+	}
+	return res, nil
+}
+
+// Run executes the program. inputs holds one tensor per graph input, by name, each of the
+// input's dtype and rank, with its constant dimensions; symbolic dimensions are bound from
+// the input shapes (a symbol must get one size across all inputs). It returns the graph
+// outputs in order. The caller's input tensors are not modified; they may be returned as
+// outputs if the graph passes them through.
+func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("run %s: %w", p.g.Name, err)
+	}
+	vals := slices.Clone(p.fixed)
+	env, err := p.bindInputs(inputs, vals)
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", p.g.Name, err)
+	}
+	for _, st := range p.steps {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("run %s: before %s: %w", p.g.Name, st.node, err)
+		}
+		outs, err := resolveOuts(st.node, env)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %s: %w", p.g.Name, st.node, err)
+		}
+		in := make([]*tensor.Tensor, len(st.in))
+		for i, s := range st.in {
+			if in[i] = vals[s]; in[i] == nil {
+				return nil, fmt.Errorf("run %s: %s: input %d was released early (internal error)", p.g.Name, st.node, i)
+			}
+		}
+		res, err := runKernel(st.kernel, st.node, in, outs)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", p.g.Name, err)
+		}
+		for i, s := range st.out {
+			vals[s] = res[i]
+		}
+		for _, s := range st.free {
+			vals[s] = nil
+			if p.onFree != nil {
+				p.onFree(p.values[s])
+			}
+		}
+	}
+	outs := make([]*tensor.Tensor, len(p.outputs))
+	for i, s := range p.outputs {
+		outs[i] = vals[s]
+		if p.fixed[s] != nil {
+			outs[i] = outs[i].Clone() // callers must not be able to change the weights
+		}
+	}
+	return outs, nil
+}
+
+// bindInputs checks the inputs, stores them in vals and returns the symbol bindings.
+func (p *Program) bindInputs(inputs map[string]*tensor.Tensor, vals []*tensor.Tensor) (map[string]int, error) {
+	known := map[string]bool{}
+	for _, in := range p.inputs {
+		known[in.v.Name] = true
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(inputs)) {
+		if !known[name] {
+			errs = append(errs, fmt.Errorf("unknown input %q", name))
+		}
+	}
+	type binding struct {
+		size  int
+		input string
+		dim   int
+	}
+	bound := map[string]binding{}
+	for _, in := range p.inputs {
+		name, want := in.v.Name, in.v.Type
+		t, ok := inputs[name]
+		if !ok {
+			errs = append(errs, fmt.Errorf("missing input %q (%s)", name, want))
+			continue
+		}
+		if err := t.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("input %q: %w", name, err))
+			continue
+		}
+		if t.DType != want.DType {
+			errs = append(errs, fmt.Errorf("input %q is %s, want %s", name, t.DType, want.DType))
+			continue
+		}
+		if len(t.Shape) != len(want.Shape) {
+			errs = append(errs, fmt.Errorf("input %q has shape %v of rank %d, want %s", name, t.Shape, len(t.Shape), want.Shape))
+			continue
+		}
+		for d, dim := range want.Shape {
+			size := t.Shape[d]
+			if !dim.IsSym() {
+				if size != dim.Size {
+					errs = append(errs, fmt.Errorf("input %q has shape %v, want %s (dimension %d)", name, t.Shape, want.Shape, d))
+				}
+				continue
+			}
+			if b, ok := bound[dim.Sym]; ok && b.size != size {
+				errs = append(errs, fmt.Errorf("symbol %s is %d in input %q (dimension %d) but %d in input %q (dimension %d)",
+					dim.Sym, b.size, b.input, b.dim, size, name, d))
+				continue
+			} else if !ok {
+				bound[dim.Sym] = binding{size, name, d}
+			}
+		}
+		vals[in.slot] = t
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	env := make(map[string]int, len(bound))
+	for sym, b := range bound {
+		env[sym] = b.size
+	}
+	return env, nil
+}
