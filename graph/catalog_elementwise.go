@@ -133,8 +133,8 @@ func init() {
 		Attrs:  []AttrSpec{{Name: "dtype", Type: AttrDType, Doc: "target dtype"}},
 		Infer: func(n *Node) ([]Type, error) {
 			dt := n.Attrs.DType("dtype")
-			if dt == tensor.Invalid {
-				return nil, fmt.Errorf("invalid target dtype")
+			if err := checkDType(dt); err != nil {
+				return nil, fmt.Errorf("target: %w", err)
 			}
 			return one(Type{dt, inType(n, 0).Shape}), nil
 		},

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -90,8 +91,14 @@ func init() {
 			if !s.IsConst() {
 				return nil, fmt.Errorf("param %q has a symbolic shape %s", n.Attrs.String("key"), s)
 			}
+			if err := checkShape(s); err != nil {
+				return nil, fmt.Errorf("param %q: shape %s: %w", n.Attrs.String("key"), s, err)
+			}
 			if n.Attrs.String("key") == "" {
 				return nil, fmt.Errorf("param has an empty key")
+			}
+			if err := checkDType(n.Attrs.DType("dtype")); err != nil {
+				return nil, fmt.Errorf("param %q: %w", n.Attrs.String("key"), err)
 			}
 			out := s.Clone()
 			if dim := n.Attrs.Int("slice_dim"); dim >= 0 {
@@ -116,16 +123,22 @@ func init() {
 			if !s.IsConst() {
 				return nil, fmt.Errorf("const has a symbolic shape %s", s)
 			}
+			if err := checkShape(s); err != nil {
+				return nil, fmt.Errorf("const shape %s: %w", s, err)
+			}
 			nv, want := len(n.Attrs.Floats("values")), 1
 			for _, d := range s {
+				if d.Size != 0 && want > math.MaxInt/d.Size {
+					return nil, fmt.Errorf("const of shape %s is too large", s)
+				}
 				want *= d.Size
 			}
 			if nv != 1 && nv != want {
-				return nil, fmt.Errorf("const of shape %s has %d values", s, nv)
+				return nil, fmt.Errorf("const of shape %s has %d values, want 1 or %d", s, nv, want)
 			}
 			dt := n.Attrs.DType("dtype")
-			if dt == tensor.Invalid {
-				return nil, fmt.Errorf("const has no dtype")
+			if err := checkDType(dt); err != nil {
+				return nil, fmt.Errorf("const: %w", err)
 			}
 			return one(Type{dt, s.Clone()}), nil
 		},
@@ -139,10 +152,20 @@ func init() {
 		},
 		Infer: func(n *Node) ([]Type, error) {
 			s := n.Attrs.Shape("shape")
+			if err := checkShape(s); err != nil {
+				return nil, fmt.Errorf("iota shape %s: %w", s, err)
+			}
 			if _, err := normAxis(n.Attrs.Int("axis"), len(s)); err != nil {
 				return nil, err
 			}
-			return one(Type{n.Attrs.DType("dtype"), s.Clone()}), nil
+			dt := n.Attrs.DType("dtype")
+			if err := checkDType(dt); err != nil {
+				return nil, fmt.Errorf("iota: %w", err)
+			}
+			if dt == tensor.Bool {
+				return nil, fmt.Errorf("iota needs a numeric dtype, got bool")
+			}
+			return one(Type{dt, s.Clone()}), nil
 		},
 	})
 }

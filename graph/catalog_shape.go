@@ -67,7 +67,11 @@ func init() {
 				return nil, fmt.Errorf("slice [%d:%d:%d] out of range for axis %d of size %d", start, end, step, ax, d.Size)
 			}
 			out := t.Shape.Clone()
-			out[ax] = D((end - start + step - 1) / step)
+			count := 0
+			if end > start {
+				count = (end-start-1)/step + 1 // no overflow for a huge step
+			}
+			out[ax] = D(count)
 			return one(Type{t.DType, out}), nil
 		},
 	})
@@ -121,6 +125,10 @@ func init() {
 			for _, s := range sizes {
 				if s < 0 {
 					return nil, fmt.Errorf("negative split size in %v", sizes)
+				}
+				if s > t.Shape[ax].Size-sum { // sum+s would pass the axis (or overflow)
+					sum = -1
+					break
 				}
 				sum += s
 			}

@@ -19,7 +19,12 @@ type Value struct {
 	Index    int   // which output of Producer
 }
 
-func (v *Value) String() string { return "%" + v.Name }
+func (v *Value) String() string {
+	if v == nil {
+		return "%<nil>"
+	}
+	return "%" + v.Name
+}
 
 // Node is one op application.
 type Node struct {
@@ -32,8 +37,13 @@ type Node struct {
 	Scope string
 }
 
-// Out returns the node's first (usually only) output.
-func (n *Node) Out() *Value { return n.Outputs[0] }
+// Out returns the node's first (usually only) output, or nil if it has none.
+func (n *Node) Out() *Value {
+	if len(n.Outputs) == 0 {
+		return nil
+	}
+	return n.Outputs[0]
+}
 
 // Spec returns the node's op declaration, or nil if the op is unknown.
 func (n *Node) Spec() *OpSpec { s, _ := Lookup(n.Op); return s }
@@ -73,7 +83,8 @@ func (g *Graph) Input(name string) *Value {
 	return nil
 }
 
-// freshName returns an unused value name: the hint if given and free, else a number.
+// freshName returns an unused value name: the hint if it is a valid name and free, else a
+// number.
 func (g *Graph) freshName(hint string) string {
 	if g.names == nil {
 		g.names = map[string]bool{}
@@ -86,7 +97,7 @@ func (g *Graph) freshName(hint string) string {
 			}
 		}
 	}
-	if hint != "" && !g.names[hint] {
+	if validName(hint) && !g.names[hint] {
 		g.names[hint] = true
 		return hint
 	}
@@ -133,7 +144,7 @@ func (g *Graph) NewNode(op string, attrs Attrs, inputs []*Value, scope string, n
 		return nil, err
 	}
 	n := &Node{Op: op, Inputs: append([]*Value(nil), inputs...), Attrs: a, Scope: scope}
-	types, err := spec.Infer(n)
+	types, err := inferTypes(spec, n)
 	if err != nil {
 		return nil, fmt.Errorf("%s%s: %w", op, typeList(inputs), err)
 	}
@@ -159,9 +170,12 @@ func (g *Graph) Append(op string, attrs Attrs, inputs []*Value, scope string, na
 
 // InsertBefore places already-created nodes, in order, just before node at.
 func (g *Graph) InsertBefore(at *Node, nodes ...*Node) error {
-	i := g.IndexOf(at)
+	i := -1
+	if at != nil {
+		i = g.IndexOf(at)
+	}
 	if i < 0 {
-		return fmt.Errorf("insert before %s: node is not in the graph", at.Op)
+		return fmt.Errorf("insert before %s: node is not in the graph", at)
 	}
 	g.Nodes = append(g.Nodes[:i], append(append([]*Node(nil), nodes...), g.Nodes[i:]...)...)
 	return nil

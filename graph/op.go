@@ -104,7 +104,8 @@ func (s *OpSpec) checkArity(n int) error {
 // Unknown attributes, missing required ones and wrong types are errors naming the attribute.
 func (s *OpSpec) NormalizeAttrs(attrs Attrs) (Attrs, error) {
 	out := make(Attrs, len(s.Attrs))
-	for k, v := range attrs {
+	for _, k := range sortedKeys(attrs) { // sorted, so that the first error is always the same
+		v := attrs[k]
 		a, ok := s.Attr(k)
 		if !ok {
 			return nil, fmt.Errorf("%s has no attribute %q", s.Name, k)
@@ -130,4 +131,15 @@ func (s *OpSpec) NormalizeAttrs(attrs Attrs) (Attrs, error) {
 		out[a.Name] = Attrs{"v": a.Default}.Clone()["v"]
 	}
 	return out, nil
+}
+
+// inferTypes runs the op's inference, turning a panic in it into an error so that no
+// malformed node can crash a caller of this package.
+func inferTypes(s *OpSpec, n *Node) (types []Type, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			types, err = nil, fmt.Errorf("inference of %s panicked: %v", s.Name, r)
+		}
+	}()
+	return s.Infer(n)
 }

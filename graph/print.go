@@ -18,17 +18,22 @@ import (
 // Attributes print in the order the op declares them, and only where they differ from the
 // declared default. A param prints its checkpoint key as a string after the op name; its
 // dtype comes from the output type, and its full shape too unless the param is a slice. The
-// scope (provenance) follows "@". Parse reads this form back to an equal graph.
+// scope (provenance) follows "@", and is quoted (Go syntax) unless it is a plain name; so is
+// the graph name. Parse reads this form back to an equal graph.
 
 // String returns the graph's text form.
 func (g *Graph) String() string {
 	var sb strings.Builder
 	sb.WriteString("graph ")
-	sb.WriteString(g.Name)
+	sb.WriteString(quoteIfNeeded(g.Name))
 	sb.WriteString("(")
 	for i, in := range g.Inputs {
 		if i > 0 {
 			sb.WriteString(", ")
+		}
+		if in == nil {
+			sb.WriteString("<nil>")
+			continue
 		}
 		sb.WriteString(in.Name)
 		sb.WriteString(": ")
@@ -40,11 +45,12 @@ func (g *Graph) String() string {
 		sb.WriteString(n.String())
 		sb.WriteString("\n")
 	}
-	sb.WriteString("  return ")
+	sb.WriteString("  return")
 	for i, o := range g.Outputs {
 		if i > 0 {
-			sb.WriteString(", ")
+			sb.WriteString(",")
 		}
+		sb.WriteString(" ")
 		sb.WriteString(o.String())
 	}
 	sb.WriteString("\n}\n")
@@ -53,6 +59,9 @@ func (g *Graph) String() string {
 
 // String returns the node's line in the text form (without indentation).
 func (n *Node) String() string {
+	if n == nil {
+		return "<nil node>"
+	}
 	var sb strings.Builder
 	for i, o := range n.Outputs {
 		if i > 0 {
@@ -102,17 +111,25 @@ func (n *Node) String() string {
 		if i > 0 {
 			sb.WriteString(", ")
 		}
-		sb.WriteString(o.Type.String())
+		if o == nil {
+			sb.WriteString("<nil>")
+		} else {
+			sb.WriteString(o.Type.String())
+		}
 	}
 	if n.Scope != "" {
 		sb.WriteString(" @")
-		if validName(n.Scope) {
-			sb.WriteString(n.Scope)
-		} else {
-			sb.WriteString(strconv.Quote(n.Scope))
-		}
+		sb.WriteString(quoteIfNeeded(n.Scope))
 	}
 	return sb.String()
+}
+
+// quoteIfNeeded returns s as is when it is a valid name (or empty), else Go-quoted.
+func quoteIfNeeded(s string) string {
+	if s == "" || validName(s) {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 // FormatAttr prints an attribute value in the text form.

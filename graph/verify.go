@@ -6,10 +6,14 @@ import (
 )
 
 // Verify checks that a graph is well formed: every value is defined once before it is used,
-// names are unique and valid, every op is known with valid attributes, and every recorded
-// output type equals what inference gives now. It returns all problems found (up to 20),
-// each naming the node.
+// names are unique and valid, every type is well formed (a known dtype; dimensions that are
+// non-negative sizes or valid symbols), every op is known with valid attributes, and every
+// recorded output type equals what inference gives now. It returns all problems found (up to
+// 20), each naming the node.
 func Verify(g *Graph) error {
+	if g == nil {
+		return errors.New("graph is nil")
+	}
 	var errs []error
 	add := func(format string, args ...any) {
 		if len(errs) < 20 {
@@ -25,30 +29,56 @@ func Verify(g *Graph) error {
 		if names[v.Name] {
 			add("%s: value %%%s defined twice", where, v.Name)
 		}
+		if err := checkType(v.Type); err != nil {
+			add("%s: value %%%s has a bad type %s: %v", where, v.Name, v.Type, err)
+		}
 		names[v.Name] = true
 		defined[v] = true
 	}
-	for _, in := range g.Inputs {
+	for i, in := range g.Inputs {
+		if in == nil {
+			add("input %d is nil", i)
+			continue
+		}
 		if in.Producer != nil {
 			add("input %%%s has a producer", in.Name)
 		}
 		define(in, "input %"+in.Name)
 	}
 	for i, n := range g.Nodes {
+		if n == nil {
+			add("node %d is nil", i)
+			continue
+		}
 		where := fmt.Sprintf("node %d (%s)", i, n.Op)
-		if len(n.Outputs) > 0 {
+		if len(n.Outputs) > 0 && n.Outputs[0] != nil {
 			where = fmt.Sprintf("node %d (%%%s = %s)", i, n.Outputs[0].Name, n.Op)
 		}
+		ok := true // inputs and outputs are all present, so inference can run
 		for j, in := range n.Inputs {
 			switch {
 			case in == nil:
 				add("%s: input %d is nil", where, j)
+				ok = false
 			case !defined[in]:
 				add("%s: input %d (%%%s) is used before it is defined or is not in the graph", where, j, in.Name)
 			}
 		}
-		spec, ok := Lookup(n.Op)
-		if !ok {
+		// Define the outputs before checking the op, so that a bad node does not also make
+		// every later use of its outputs an error.
+		for j, o := range n.Outputs {
+			if o == nil {
+				add("%s: output %d is nil", where, j)
+				ok = false
+				continue
+			}
+			if o.Producer != n || o.Index != j {
+				add("%s: output %d (%%%s) does not point back to its node", where, j, o.Name)
+			}
+			define(o, where)
+		}
+		spec, known := Lookup(n.Op)
+		if !known {
 			add("%s: unknown op %q", where, n.Op)
 			continue
 		}
@@ -61,23 +91,33 @@ func Verify(g *Graph) error {
 			add("%s: %v", where, err)
 			continue
 		}
-		if len(norm) != len(n.Attrs) {
-			add("%s: attributes %v lack defaults that the spec declares", where, keys(n.Attrs))
-		}
-		for j, o := range n.Outputs {
-			if o.Producer != n || o.Index != j {
-				add("%s: output %d (%%%s) does not point back to its node", where, j, o.Name)
+		var missing []string
+		for _, a := range spec.Attrs {
+			if _, has := n.Attrs[a.Name]; !has {
+				missing = append(missing, a.Name)
 			}
-			define(o, where)
 		}
-		hasNil := false
-		for _, in := range n.Inputs {
-			hasNil = hasNil || in == nil
-		}
-		if hasNil {
+		if len(missing) > 0 {
+			add("%s: attributes %v are missing; nodes carry every attribute, defaults included (see OpSpec.NormalizeAttrs)", where, missing)
 			continue
 		}
-		types, err := spec.Infer(n)
+		for _, a := range spec.Attrs {
+			var err error
+			switch a.Type {
+			case AttrShape:
+				err = checkShape(norm.Shape(a.Name))
+			case AttrDType:
+				err = checkDType(norm.DType(a.Name))
+			}
+			if err != nil {
+				add("%s: attribute %s: %v", where, a.Name, err)
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		types, err := inferTypes(spec, n)
 		if err != nil {
 			add("%s: %s%s: %v", where, n.Op, typeList(n.Inputs), err)
 			continue
@@ -97,11 +137,7 @@ func Verify(g *Graph) error {
 	}
 	for i, o := range g.Outputs {
 		if o == nil || !defined[o] {
-			name := "nil"
-			if o != nil {
-				name = "%" + o.Name
-			}
-			add("output %d (%s) is not defined in the graph", i, name)
+			add("output %d (%s) is not defined in the graph", i, o)
 		}
 	}
 	if len(errs) == 0 {
@@ -114,11 +150,27 @@ func Verify(g *Graph) error {
 // inputs or attributes. It stops at the first node whose inference fails.
 func ReinferTypes(g *Graph) error {
 	for i, n := range g.Nodes {
+		if n == nil {
+			return fmt.Errorf("node %d is nil", i)
+		}
 		spec, ok := Lookup(n.Op)
 		if !ok {
 			return fmt.Errorf("node %d: unknown op %q", i, n.Op)
 		}
-		types, err := spec.Infer(n)
+		if err := spec.checkArity(len(n.Inputs)); err != nil {
+			return fmt.Errorf("node %d (%s): %w", i, n.Op, err)
+		}
+		for j, in := range n.Inputs {
+			if in == nil {
+				return fmt.Errorf("node %d (%s): input %d is nil", i, n.Op, j)
+			}
+		}
+		for j, o := range n.Outputs {
+			if o == nil {
+				return fmt.Errorf("node %d (%s): output %d is nil", i, n.Op, j)
+			}
+		}
+		types, err := inferTypes(spec, n)
 		if err != nil {
 			return fmt.Errorf("node %d (%s): %w", i, n.Op, err)
 		}
@@ -130,12 +182,4 @@ func ReinferTypes(g *Graph) error {
 		}
 	}
 	return nil
-}
-
-func keys(a Attrs) []string {
-	out := make([]string, 0, len(a))
-	for k := range a {
-		out = append(out, k)
-	}
-	return out
 }
