@@ -85,7 +85,10 @@ func slice(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, err
 		return nil, fmt.Errorf("slice [%d:%d:%d] out of range for axis %d of size %d", start, end, step, ax, x.Shape[ax])
 	}
 	shape, stride := slices.Clone(x.Shape), rowStrides(x.Shape)
-	shape[ax] = (end - start + step - 1) / step
+	shape[ax] = 0
+	if end > start {
+		shape[ax] = (end-start-1)/step + 1 // no overflow for a huge step
+	}
 	base := start * stride[ax]
 	stride[ax] *= step
 	if err := checkShape(shape, o); err != nil {
