@@ -252,39 +252,52 @@ func (g *Graph) RemoveNodes(dead map[*Node]bool) {
 }
 
 // Clone returns a deep copy: new values and nodes with the same names, types and attributes.
+// Even a malformed graph clones without panicking: nil entries stay nil, and a reference to
+// a value that is not in the graph is kept as is.
 func (g *Graph) Clone() *Graph {
 	c := New(g.Name)
 	c.nextID = g.nextID
 	m := map[*Value]*Value{}
-	for _, v := range g.Inputs {
-		nv := &Value{Name: v.Name, Type: Type{v.Type.DType, v.Type.Shape.Clone()}}
-		m[v] = nv
-		c.Inputs = append(c.Inputs, nv)
-		c.names[v.Name] = true
-	}
-	for _, n := range g.Nodes {
-		nn := &Node{Op: n.Op, Attrs: n.Attrs.Clone(), Scope: n.Scope}
-		for _, in := range n.Inputs {
-			nin := m[in]
-			if nin == nil { // dangling reference in a malformed graph: keep it as is
-				nin = in
-			}
-			nn.Inputs = append(nn.Inputs, nin)
+	cloneValue := func(v *Value, producer *Node) *Value {
+		if v == nil {
+			return nil
 		}
+		nv := &Value{Name: v.Name, Type: Type{v.Type.DType, v.Type.Shape.Clone()}, Producer: producer, Index: v.Index}
+		m[v] = nv
+		c.names[v.Name] = true
+		return nv
+	}
+	mapped := func(v *Value) *Value {
+		if nv, ok := m[v]; ok {
+			return nv
+		}
+		return v // nil, or a dangling reference in a malformed graph
+	}
+	for _, v := range g.Inputs {
+		c.Inputs = append(c.Inputs, cloneValue(v, nil))
+	}
+	// Values first, so that a use before the definition still maps to the copy.
+	for _, n := range g.Nodes {
+		if n == nil {
+			c.Nodes = append(c.Nodes, nil)
+			continue
+		}
+		nn := &Node{Op: n.Op, Attrs: n.Attrs.Clone(), Scope: n.Scope}
 		for _, o := range n.Outputs {
-			no := &Value{Name: o.Name, Type: Type{o.Type.DType, o.Type.Shape.Clone()}, Producer: nn, Index: o.Index}
-			m[o] = no
-			nn.Outputs = append(nn.Outputs, no)
-			c.names[o.Name] = true
+			nn.Outputs = append(nn.Outputs, cloneValue(o, nn))
 		}
 		c.Nodes = append(c.Nodes, nn)
 	}
-	for _, o := range g.Outputs {
-		if no := m[o]; no != nil {
-			c.Outputs = append(c.Outputs, no)
-		} else {
-			c.Outputs = append(c.Outputs, o)
+	for i, n := range g.Nodes {
+		if n == nil {
+			continue
 		}
+		for _, in := range n.Inputs {
+			c.Nodes[i].Inputs = append(c.Nodes[i].Inputs, mapped(in))
+		}
+	}
+	for _, o := range g.Outputs {
+		c.Outputs = append(c.Outputs, mapped(o))
 	}
 	return c
 }
