@@ -209,7 +209,7 @@ func (c *Checkpoint) searched() string {
 		s += fmt.Sprintf(" and %d more", len(names)-shown)
 	}
 	if c.index != "" {
-		return fmt.Sprintf("%s (listed by %s)", s, filepath.Base(c.index))
+		return fmt.Sprintf("%s, the files %s lists", s, filepath.Base(c.index))
 	}
 	return s
 }
