@@ -129,8 +129,12 @@ func TestBinaryArithInt(t *testing.T) {
 
 func TestBinaryArithIntCases(t *testing.T) {
 	i32 := func(v ...int32) *tensor.Tensor { return tensor.FromI32(v, len(v)) }
-	i64 := func(v ...int64) *tensor.Tensor { return &tensor.Tensor{DType: tensor.I64, Shape: []int{len(v)}, I64: v} }
-	bools := func(v ...bool) *tensor.Tensor { return &tensor.Tensor{DType: tensor.Bool, Shape: []int{len(v)}, Bool: v} }
+	i64 := func(v ...int64) *tensor.Tensor {
+		return &tensor.Tensor{DType: tensor.I64, Shape: []int{len(v)}, I64: v}
+	}
+	bools := func(v ...bool) *tensor.Tensor {
+		return &tensor.Tensor{DType: tensor.Bool, Shape: []int{len(v)}, Bool: v}
+	}
 	for _, tc := range []struct {
 		op   string
 		a, b *tensor.Tensor
@@ -146,7 +150,7 @@ func TestBinaryArithIntCases(t *testing.T) {
 		{"maximum", i64(-1, 4), i64(3, 2), tensor.I64, []float64{3, 4}},
 		{"add", bools(true, true, false), bools(true, false, false), tensor.Bool, []float64{1, 1, 0}},
 		{"mul", bools(true, true, false), bools(true, false, false), tensor.Bool, []float64{1, 0, 0}},
-		{"sub", i64(math.MinInt64+1), i64(1), tensor.I64, []float64{math.MinInt64}},
+		{"sub", i64(math.MinInt64 + 1), i64(1), tensor.I64, []float64{math.MinInt64}},
 	} {
 		name := fmt.Sprintf("%s(%v,%v)", tc.op, tc.a, tc.b)
 		got := mustRunOp(t, tc.op, nil, tc.a, tc.b)
