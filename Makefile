@@ -1,0 +1,27 @@
+# Loom developer targets. CI runs .ci/run, which runs the same checks as `make lint test`.
+GO ?= go
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+
+.PHONY: build test lint bench gpu-test fuzz
+
+build:
+	CGO_ENABLED=0 $(GO) build -o loom ./cmd/loom
+
+test:
+	$(GO) test ./...
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+	test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+	$(STATICCHECK) ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# GPU tests skip themselves where no GPU is found; run this target on a machine with one.
+gpu-test:
+	LOOM_REQUIRE_GPU=1 $(GO) test -run GPU -v ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./graph/

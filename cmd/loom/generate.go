@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/loom-ml/loom/engine"
+)
+
+func newGenerateCmd() *cobra.Command {
+	var (
+		dir        string
+		promptIDs  string
+		maxNew     int
+		asJSON     bool
+		withLogits bool
+	)
+	cmd := &cobra.Command{
+		Use:     "generate",
+		Short:   "Generate tokens greedily from a prompt",
+		Example: `  loom generate --model testdata/tiny-llama --prompt-ids 0,56,76 --max-new-tokens 8 --json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := parseIDs(promptIDs)
+			if err != nil {
+				return fmt.Errorf("--prompt-ids: %w", err)
+			}
+			if maxNew < 0 {
+				return fmt.Errorf("--max-new-tokens must be >= 0, got %d", maxNew)
+			}
+			m, err := engine.Load(cmd.Context(), dir, engine.LoadOptions{})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			for _, id := range ids {
+				if id >= m.Config.VocabSize {
+					return fmt.Errorf("--prompt-ids: token id %d is outside the vocabulary (size %d)", id, m.Config.VocabSize)
+				}
+			}
+			res, err := engine.GreedyRecompute(cmd.Context(), m.Program, ids, maxNew)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if !asJSON {
+				parts := make([]string, len(res.NewIDs))
+				for i, id := range res.NewIDs {
+					parts[i] = strconv.Itoa(id)
+				}
+				_, err := fmt.Fprintln(out, strings.Join(parts, ","))
+				return err
+			}
+			obj := struct {
+				IDs    []int     `json:"ids"`
+				Logits []float32 `json:"logits,omitempty"`
+			}{IDs: res.NewIDs}
+			if obj.IDs == nil {
+				obj.IDs = []int{}
+			}
+			if withLogits {
+				obj.Logits = res.PromptLogits
+			}
+			return json.NewEncoder(out).Encode(obj)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "model", "", "checkpoint directory (config.json, *.safetensors)")
+	f.StringVar(&promptIDs, "prompt-ids", "", "prompt as comma-separated token ids, e.g. 0,1,2")
+	f.IntVar(&maxNew, "max-new-tokens", 16, "number of tokens to generate")
+	f.BoolVar(&asJSON, "json", false, `print one JSON object {"ids": [...], "logits": [...]} on stdout`)
+	f.BoolVar(&withLogits, "logits", false, "with --json: include the full-vocabulary logits of the last prompt position")
+	_ = cmd.MarkFlagRequired("model")
+	_ = cmd.MarkFlagRequired("prompt-ids")
+	return cmd
+}
+
+// parseIDs reads "0,1,2" into token ids.
+func parseIDs(s string) ([]int, error) {
+	var ids []int
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		id, err := strconv.Atoi(part)
+		if err != nil || id < 0 {
+			return nil, fmt.Errorf("%q is not a token id", part)
+		}
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("no token ids in %q", s)
+	}
+	return ids, nil
+}

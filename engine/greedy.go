@@ -1,0 +1,84 @@
+// Package engine runs compiled models: it loads a checkpoint, builds and compiles its graph,
+// and generates tokens.
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Executable runs a compiled graph with inputs input_ids i32[B,S] and positions i32[B,S]
+// and returns the logits f32[B,S,vocab] first among its outputs.
+type Executable interface {
+	Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error)
+}
+
+// GreedyResult is the outcome of greedy decoding.
+type GreedyResult struct {
+	NewIDs []int
+	// PromptLogits are the full-vocabulary logits at the last prompt position.
+	PromptLogits []float32
+}
+
+// GreedyRecompute decodes maxNew tokens greedily by running the whole sequence again at
+// every step (no KV cache). Ties go to the lowest token id, as torch.argmax does.
+func GreedyRecompute(ctx context.Context, exe Executable, prompt []int, maxNew int) (*GreedyResult, error) {
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("empty prompt")
+	}
+	seq := append([]int(nil), prompt...)
+	res := &GreedyResult{}
+	for {
+		logits, err := lastLogits(ctx, exe, seq)
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", len(res.NewIDs), err)
+		}
+		if res.PromptLogits == nil {
+			res.PromptLogits = logits
+		}
+		if len(res.NewIDs) >= maxNew {
+			return res, nil
+		}
+		next := Argmax(logits)
+		res.NewIDs = append(res.NewIDs, next)
+		if len(res.NewIDs) == maxNew {
+			return res, nil
+		}
+		seq = append(seq, next)
+	}
+}
+
+// lastLogits runs seq as one batch row and returns the logits of its last position.
+func lastLogits(ctx context.Context, exe Executable, seq []int) ([]float32, error) {
+	ids := make([]int32, len(seq))
+	pos := make([]int32, len(seq))
+	for i, id := range seq {
+		ids[i], pos[i] = int32(id), int32(i)
+	}
+	outs, err := exe.Run(ctx, map[string]*tensor.Tensor{
+		"input_ids": tensor.FromI32(ids, 1, len(seq)),
+		"positions": tensor.FromI32(pos, 1, len(seq)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) == 0 || len(outs[0].Shape) != 3 {
+		return nil, fmt.Errorf("model returned no [B,S,vocab] logits")
+	}
+	vocab := outs[0].Shape[2]
+	all := outs[0].Float32s()
+	return append([]float32(nil), all[(len(seq)-1)*vocab:len(seq)*vocab]...), nil
+}
+
+// Argmax returns the index of the largest value, the first one on ties.
+func Argmax(xs []float32) int {
+	best := 0
+	for i, x := range xs {
+		if x > xs[best] {
+			best = i
+		}
+	}
+	return best
+}

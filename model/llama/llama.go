@@ -1,0 +1,230 @@
+// Package llama is the frontend of the Llama family of decoders: LlamaForCausalLM (Llama 2,
+// 3, 3.1, 3.2), MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias) and Qwen3ForCausalLM
+// (per-head q/k RMSNorm). It writes the model as plain primitive ops, mirroring Hugging
+// Face's modeling code line by line: RMSNorm, rotary embeddings with cos/sin computed from
+// positions, GQA head repetition, the causal mask and SwiGLU all stay visible so the
+// transform pipeline can recognise them.
+package llama
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/model"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// variant holds what distinguishes the family members.
+type variant struct {
+	qkvBias bool // Qwen2: q/k/v projections have biases
+	qkNorm  bool // Qwen3: RMSNorm over each head of q and k before rotary
+}
+
+func init() {
+	for name, v := range map[string]variant{
+		"LlamaForCausalLM":   {},
+		"MistralForCausalLM": {},
+		"Qwen2ForCausalLM":   {qkvBias: true},
+		"Qwen3ForCausalLM":   {qkNorm: true},
+	} {
+		model.RegisterArchitecture(&model.Architecture{Name: name, Build: func(cfg *model.Config, opts model.BuildOptions) (*graph.Graph, error) {
+			return build(cfg, opts, v)
+		}})
+	}
+}
+
+// B and S are the symbolic batch and sequence dimensions of the graph inputs.
+var (
+	B = graph.Sym("B")
+	S = graph.Sym("S")
+)
+
+type builder struct {
+	*graph.Builder
+	cfg  *model.Config
+	opts model.BuildOptions
+	act  tensor.DType
+}
+
+// param declares a weight with the given shape; the dtype is the stored one.
+func (b *builder) param(key string, shape ...int) *graph.Value {
+	dt := tensor.Invalid
+	if b.opts.Tensors != nil {
+		if info, ok := b.opts.Tensors.Info(key); ok {
+			dt = info.DType
+		}
+	}
+	if dt == tensor.Invalid {
+		dt = b.cfg.WeightDType()
+	}
+	return b.Param(key, dt, graph.Dims(shape...))
+}
+
+func build(cfg *model.Config, opts model.BuildOptions, v variant) (*graph.Graph, error) {
+	if cfg.NumAttentionHeads%cfg.NumKeyValueHeads != 0 {
+		return nil, fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", cfg.NumAttentionHeads, cfg.NumKeyValueHeads)
+	}
+	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
+		return nil, fmt.Errorf("hidden_act %q is not supported (want silu)", cfg.HiddenAct)
+	}
+	b := &builder{Builder: graph.NewBuilder(cfg.Architectures[0]), cfg: cfg, opts: opts, act: opts.ActivationDType}
+	ids := b.Input("input_ids", tensor.I32, graph.Shape{B, S})
+	pos := b.Input("positions", tensor.I32, graph.Shape{B, S})
+
+	b.SetScope("model.embed_tokens")
+	embed := b.param("model.embed_tokens.weight", cfg.VocabSize, cfg.HiddenSize)
+	h := b.Cast(b.Embedding(embed, ids), b.act)
+
+	b.SetScope("model.rotary_emb")
+	cos, sin, err := b.rotary(pos)
+	if err != nil {
+		return nil, err
+	}
+	mask := b.causalMask(pos)
+
+	for l := range cfg.NumHiddenLayers {
+		h = b.layer(l, h, cos, sin, mask, v)
+	}
+
+	b.SetScope("model.norm")
+	h = b.rmsnorm(h, b.param("model.norm.weight", cfg.HiddenSize), cfg.RMSNormEps)
+	b.SetScope("lm_head")
+	head := embed
+	if !cfg.TieWordEmbeddings {
+		head = b.param("lm_head.weight", cfg.VocabSize, cfg.HiddenSize)
+	}
+	logits := b.Cast(b.Linear(h, head), tensor.F32)
+	b.Output(logits)
+	return b.Build()
+}
+
+// rmsnorm is Hugging Face's LlamaRMSNorm over the last axis, computed in f32:
+// weight * cast(x * rsqrt(mean(x^2) + eps)).
+func (b *builder) rmsnorm(x, w *graph.Value, eps float64) *graph.Value {
+	x32 := b.Cast(x, tensor.F32)
+	variance := b.Reduce("mean", b.Pow(x32, b.Scalar(tensor.F32, 2)), true, -1)
+	y := b.Mul(x32, b.Unary("rsqrt", b.Add(variance, b.Scalar(tensor.F32, eps))))
+	return b.Mul(w, b.Cast(y, b.act))
+}
+
+// rotary computes cos and sin [B,S,head_dim] from positions [B,S], as Hugging Face's rotary
+// embedding module does: freqs = positions ⊗ inv_freq, emb = concat(freqs, freqs).
+func (b *builder) rotary(pos *graph.Value) (cos, sin *graph.Value, err error) {
+	d := b.cfg.HeadDim
+	inv, scaling, err := invFreq(b.cfg.Rope, d)
+	if err != nil {
+		return nil, nil, err
+	}
+	// transformers keeps inv_freq as a buffer, which casting the model to its checkpoint dtype
+	// rounds too; Hugging Face's outputs for a bf16 model come from the rounded frequencies.
+	inv = roundTo(inv, b.cfg.WeightDType())
+	invFreq := b.Const(tensor.F32, graph.Dims(d/2), inv...)
+	p := b.Reshape(b.Cast(pos, tensor.F32), B, S, graph.D(1))
+	freqs := b.Mul(p, invFreq) // [B,S,d/2]
+	emb := b.Concat(-1, freqs, freqs)
+	cos, sin = b.Unary("cos", emb), b.Unary("sin", emb)
+	if scaling != 1 {
+		cos = b.Mul(cos, b.Scalar(tensor.F32, scaling))
+		sin = b.Mul(sin, b.Scalar(tensor.F32, scaling))
+	}
+	return b.Cast(cos, b.act), b.Cast(sin, b.act), nil
+}
+
+// causalMask is the additive attention mask [B,1,S,S]: 0 where key position <= query
+// position (and, with a sliding window W, key position > query position - W), -inf elsewhere.
+func (b *builder) causalMask(pos *graph.Value) *graph.Value {
+	b.SetScope("model.mask")
+	q := b.Reshape(pos, B, graph.D(1), S, graph.D(1))
+	k := b.Reshape(pos, B, graph.D(1), graph.D(1), S)
+	allowed := b.Compare("le", k, q)
+	if w := b.cfg.SlidingWindow; w > 0 {
+		allowed = b.And(allowed, b.Compare("gt", b.Add(k, b.Scalar(tensor.I32, float64(w))), q))
+	}
+	return b.Where(allowed, b.Scalar(tensor.F32, 0), b.Scalar(tensor.F32, math.Inf(-1)))
+}
+
+// linear is x @ w^T (+ bias).
+func (b *builder) linear(x *graph.Value, prefix string, in, out int, bias bool) *graph.Value {
+	y := b.Linear(x, b.param(prefix+".weight", out, in))
+	if bias {
+		y = b.Add(y, b.param(prefix+".bias", out))
+	}
+	return y
+}
+
+// layer is one decoder layer on h [B,S,hidden].
+func (b *builder) layer(l int, h, cos, sin, mask *graph.Value, v variant) *graph.Value {
+	cfg := b.cfg
+	p := fmt.Sprintf("model.layers.%d", l)
+
+	b.SetScope(p + ".input_layernorm")
+	x := b.rmsnorm(h, b.param(p+".input_layernorm.weight", cfg.HiddenSize), cfg.RMSNormEps)
+	b.SetScope(p + ".self_attn")
+	h = b.Add(h, b.attention(p+".self_attn", x, cos, sin, mask, v))
+
+	b.SetScope(p + ".post_attention_layernorm")
+	x = b.rmsnorm(h, b.param(p+".post_attention_layernorm.weight", cfg.HiddenSize), cfg.RMSNormEps)
+	b.SetScope(p + ".mlp")
+	return b.Add(h, b.mlp(p+".mlp", x))
+}
+
+// attention is eager multi-head attention with grouped KV heads on x [B,S,hidden].
+func (b *builder) attention(p string, x, cos, sin, mask *graph.Value, v variant) *graph.Value {
+	cfg := b.cfg
+	H, KV, D := cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim
+	hd, bias := graph.D(D), v.qkvBias || cfg.AttentionBias
+
+	q := b.Reshape(b.linear(x, p+".q_proj", cfg.HiddenSize, H*D, bias), B, S, graph.D(H), hd)
+	k := b.Reshape(b.linear(x, p+".k_proj", cfg.HiddenSize, KV*D, bias), B, S, graph.D(KV), hd)
+	val := b.Reshape(b.linear(x, p+".v_proj", cfg.HiddenSize, KV*D, bias), B, S, graph.D(KV), hd)
+	if v.qkNorm {
+		q = b.rmsnorm(q, b.param(p+".q_norm.weight", D), cfg.RMSNormEps)
+		k = b.rmsnorm(k, b.param(p+".k_norm.weight", D), cfg.RMSNormEps)
+	}
+	q = b.Transpose(q, 0, 2, 1, 3) // [B,H,S,D]
+	k = b.Transpose(k, 0, 2, 1, 3) // [B,KV,S,D]
+	val = b.Transpose(val, 0, 2, 1, 3)
+
+	c := b.Reshape(cos, B, graph.D(1), S, hd)
+	s := b.Reshape(sin, B, graph.D(1), S, hd)
+	q = b.Add(b.Mul(q, c), b.Mul(b.rotateHalf(q), s))
+	k = b.Add(b.Mul(k, c), b.Mul(b.rotateHalf(k), s))
+
+	k = b.repeatKV(k, H/KV)
+	val = b.repeatKV(val, H/KV)
+
+	scores := b.Mul(b.Matmul(q, b.Transpose(k, 0, 1, 3, 2)), b.Scalar(tensor.F32, 1/math.Sqrt(float64(D))))
+	scores = b.Add(scores, mask)
+	probs := b.Cast(b.Softmax(b.Cast(scores, tensor.F32), -1), b.act)
+	o := b.Matmul(probs, val)                                     // [B,H,S,D]
+	o = b.Reshape(b.Transpose(o, 0, 2, 1, 3), B, S, graph.D(H*D)) // [B,S,H*D]
+	return b.linear(o, p+".o_proj", H*D, cfg.HiddenSize, cfg.AttentionBias)
+}
+
+// rotateHalf maps x = [x1, x2] (halves of the last axis) to [-x2, x1].
+func (b *builder) rotateHalf(x *graph.Value) *graph.Value {
+	d := b.cfg.HeadDim
+	x1 := b.Slice(x, -1, 0, d/2)
+	x2 := b.Slice(x, -1, d/2, d)
+	return b.Concat(-1, b.Neg(x2), x1)
+}
+
+// repeatKV turns [B,KV,S,D] into [B,KV*n,S,D], each KV head repeated n times in place.
+func (b *builder) repeatKV(x *graph.Value, n int) *graph.Value {
+	if n == 1 {
+		return x
+	}
+	KV, D := b.cfg.NumKeyValueHeads, b.cfg.HeadDim
+	x = b.Reshape(x, B, graph.D(KV), graph.D(1), S, graph.D(D))
+	x = b.Expand(x, B, graph.D(KV), graph.D(n), S, graph.D(D))
+	return b.Reshape(x, B, graph.D(KV*n), S, graph.D(D))
+}
+
+// mlp is SwiGLU: down(silu(gate(x)) * up(x)).
+func (b *builder) mlp(p string, x *graph.Value) *graph.Value {
+	cfg := b.cfg
+	gate := b.linear(x, p+".gate_proj", cfg.HiddenSize, cfg.IntermediateSize, cfg.MLPBias)
+	up := b.linear(x, p+".up_proj", cfg.HiddenSize, cfg.IntermediateSize, cfg.MLPBias)
+	return b.linear(b.Mul(b.Unary("silu", gate), up), p+".down_proj", cfg.IntermediateSize, cfg.HiddenSize, cfg.MLPBias)
+}
