@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// run executes the CLI in-process and returns stdout and stderr.
+func run(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return stdout.String(), stderr.String(), err
+}
+
+func TestGenerateJSON(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-qwen2")
+	var ref struct {
+		Prompts []struct {
+			IDs          []int     `json:"ids"`
+			LastLogits   []float32 `json:"last_logits"`
+			GreedyNewIDs []int     `json:"greedy_new_ids"`
+		} `json:"prompts"`
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	p := ref.Prompts[0]
+	ids := strings.Trim(jsonString(p.IDs), "[]") // "1,2,3"
+	stdout, stderr, err := run(t, "generate", "--model", dir, "--prompt-ids", ids, "--max-new-tokens", "4", "--json", "--logits")
+	if err != nil {
+		t.Fatalf("generate: %v\n%s", err, stderr)
+	}
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	var out struct {
+		IDs    []int     `json:"ids"`
+		Logits []float32 `json:"logits"`
+	}
+	if err := dec.Decode(&out); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+	}
+	if dec.More() {
+		t.Fatalf("stdout holds more than one JSON object:\n%s", stdout)
+	}
+	if len(out.IDs) != 4 || jsonString(out.IDs) != jsonString(p.GreedyNewIDs[:4]) {
+		t.Errorf("ids = %v, want %v", out.IDs, p.GreedyNewIDs[:4])
+	}
+	if len(out.Logits) != len(p.LastLogits) {
+		t.Fatalf("%d logits, want %d", len(out.Logits), len(p.LastLogits))
+	}
+	for i := range out.Logits {
+		if d := out.Logits[i] - p.LastLogits[i]; d > 1e-3 || d < -1e-3 {
+			t.Fatalf("logit %d = %g, reference %g", i, out.Logits[i], p.LastLogits[i])
+		}
+	}
+	if !strings.Contains(stderr, "model loaded") {
+		t.Errorf("logs should go to stderr, got %q", stderr)
+	}
+}
+
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestGenerateErrors(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad ids", []string{"generate", "--model", dir, "--prompt-ids", "1,x"}, `"x" is not a token id`},
+		{"id out of vocab", []string{"generate", "--model", dir, "--prompt-ids", "1,99999"}, "outside the vocabulary"},
+		{"missing model", []string{"generate", "--model", filepath.Join(t.TempDir(), "nope"), "--prompt-ids", "1"}, "nope"},
+		{"negative count", []string{"generate", "--model", dir, "--prompt-ids", "1", "--max-new-tokens", "-1"}, "--max-new-tokens"},
+		{"unsupported architecture", []string{"inspect", "--model", filepath.Join("..", "..", "testdata", "tiny-mixtral")}, "supported: LlamaForCausalLM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout, _, err := run(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want it to contain %q", err, tc.want)
+			}
+			if stdout != "" {
+				t.Errorf("nothing should reach stdout on error, got %q", stdout)
+			}
+		})
+	}
+}
+
+func TestInspect(t *testing.T) {
+	stdout, _, err := run(t, "inspect", "--model", filepath.Join("..", "..", "testdata", "tiny-qwen3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"architecture: Qwen3ForCausalLM", "head_dim: 24", "graph Qwen3ForCausalLM(input_ids: i32[B,S], positions: i32[B,S])", `param "model.layers.1.self_attn.q_norm.weight"`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("inspect output lacks %q", want)
+		}
+	}
+}
