@@ -721,13 +721,15 @@ func parseInt(tok string) (int, error) {
 	return n, nil
 }
 
-// parseFloat reads what FormatFloat prints (and plain integers).
+// parseFloat reads what FormatFloat prints, and plain integers: decimal numbers with an
+// optional exponent, inf, -inf and nan (in any case). Hexadecimal floats and digit
+// separators, which strconv would also take, are refused.
 func parseFloat(tok string) (float64, error) {
 	if tok == "" {
 		return 0, errors.New("want a number, found nothing")
 	}
 	f, err := strconv.ParseFloat(tok, 64)
-	if err != nil {
+	if err != nil || strings.ContainsAny(tok, "_xX") {
 		return 0, fmt.Errorf("want a number, found %q", tok)
 	}
 	return f, nil

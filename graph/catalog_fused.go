@@ -1,0 +1,171 @@
+package graph
+
+import (
+	"fmt"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Fused ops. The transform pipeline replaces primitive patterns with these; each declares its
+// decomposition into primitives, which is exactly the pattern the frontends emit, and tests
+// hold every fused kernel equal to it.
+
+func init() {
+	Register(&OpSpec{
+		Name: "rmsnorm", Doc: "RMSNorm over the last axis, as Hugging Face computes it: w * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype) with x32 = cast(x, f32). x[...,D], w[D].",
+		Inputs: []string{"x", "w"},
+		Attrs:  []AttrSpec{{Name: "eps", Type: AttrFloat}},
+		Infer: func(n *Node) ([]Type, error) {
+			x, w := inType(n, 0), inType(n, 1)
+			if err := checkNormWeight(x, w); err != nil {
+				return nil, err
+			}
+			dt, err := Promote(w.DType, x.DType)
+			if err != nil {
+				return nil, err
+			}
+			return one(Type{dt, x.Shape.Clone()}), nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			return []*Value{DecomposeRMSNorm(b, n.Inputs[0], n.Inputs[1], n.Attrs.Float("eps"))}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "add_rmsnorm", Doc: "Residual add then RMSNorm: sum = x + residual; returns (rmsnorm(sum, w), sum). x, residual [...,D], w[D].",
+		Inputs: []string{"x", "residual", "w"},
+		Attrs:  []AttrSpec{{Name: "eps", Type: AttrFloat}},
+		Infer: func(n *Node) ([]Type, error) {
+			x, r, w := inType(n, 0), inType(n, 1), inType(n, 2)
+			if !x.Shape.Equal(r.Shape) {
+				return nil, fmt.Errorf("x %s and residual %s differ in shape", x.Shape, r.Shape)
+			}
+			sumDT, err := Promote(x.DType, r.DType)
+			if err != nil {
+				return nil, err
+			}
+			sum := Type{sumDT, x.Shape.Clone()}
+			if err := checkNormWeight(sum, w); err != nil {
+				return nil, err
+			}
+			dt, err := Promote(w.DType, sumDT)
+			if err != nil {
+				return nil, err
+			}
+			return []Type{{dt, x.Shape.Clone()}, sum}, nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			sum := b.Add(n.Inputs[0], n.Inputs[1])
+			return []*Value{DecomposeRMSNorm(b, sum, n.Inputs[2], n.Attrs.Float("eps")), sum}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "rope", Doc: "Rotary position embedding of q[B,H,S,D] and k[B,KV,S,D] at positions[B,S]: x*cos + rotate_half(x)*sin, with cos/sin of positions ⊗ inv_freq (D/2 frequencies, repeated twice) times scaling, cast to x's dtype. Returns (q, k).",
+		Inputs: []string{"q", "k", "positions"},
+		Attrs: []AttrSpec{
+			{Name: "inv_freq", Type: AttrFloats, Doc: "the D/2 inverse frequencies"},
+			{Name: "scaling", Type: AttrFloat, Default: 1.0, Doc: "attention scaling applied to cos and sin"},
+		},
+		Infer: func(n *Node) ([]Type, error) {
+			q, k, pos := inType(n, 0), inType(n, 1), inType(n, 2)
+			for _, t := range []Type{q, k} {
+				if len(t.Shape) != 4 {
+					return nil, fmt.Errorf("q and k must be [B,heads,S,D], got %s", t.Shape)
+				}
+				if t.Shape[0] != pos.Shape[0] || t.Shape[2] != pos.Shape[1] || t.Shape[3] != q.Shape[3] {
+					return nil, fmt.Errorf("%s does not fit positions %s and head size %s", t.Shape, pos.Shape, q.Shape[3])
+				}
+			}
+			if len(pos.Shape) != 2 || !pos.DType.IsInt() {
+				return nil, fmt.Errorf("positions must be integer [B,S], got %s", pos)
+			}
+			if d := q.Shape[3]; d.IsSym() || d.Size != 2*len(n.Attrs.Floats("inv_freq")) {
+				return nil, fmt.Errorf("head size %s needs %s/2 inverse frequencies, got %d", d, d, len(n.Attrs.Floats("inv_freq")))
+			}
+			return []Type{q, k}, nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			q, k, pos := n.Inputs[0], n.Inputs[1], n.Inputs[2]
+			cos, sin := DecomposeRotaryTables(b, pos, n.Attrs.Floats("inv_freq"), n.Attrs.Float("scaling"), q.Type.DType)
+			return []*Value{ApplyRotary(b, q, cos, sin), ApplyRotary(b, k, cos, sin)}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "repeat_kv", Doc: "Repeats each KV head n times in place: x[B,KV,S,D] -> [B,KV*n,S,D] (Hugging Face's repeat_kv).",
+		Inputs: []string{"x"},
+		Attrs:  []AttrSpec{{Name: "n", Type: AttrInt}},
+		Infer: func(n *Node) ([]Type, error) {
+			x, rep := inType(n, 0), n.Attrs.Int("n")
+			if len(x.Shape) != 4 || x.Shape[1].IsSym() || rep < 1 {
+				return nil, fmt.Errorf("repeat_kv needs x [B,KV,S,D] with constant KV and n >= 1, got %s and n=%d", x.Shape, rep)
+			}
+			out := x.Shape.Clone()
+			out[1] = D(x.Shape[1].Size * rep)
+			return one(Type{x.DType, out}), nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			return []*Value{DecomposeRepeatKV(b, n.Inputs[0], n.Attrs.Int("n"))}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "sdpa", Doc: "Causal scaled dot-product attention with grouped KV heads: softmax(q·kᵀ·scale + mask)·v, q[B,H,S,D], k,v[B,KV,S,D] (H a multiple of KV), the mask from positions[B,S]: key position <= query position, and > query position - window when window > 0. Returns [B,H,S,D].",
+		Inputs: []string{"q", "k", "v", "positions"},
+		Attrs: []AttrSpec{
+			{Name: "scale", Type: AttrFloat},
+			{Name: "window", Type: AttrInt, Default: 0, Doc: "sliding window; 0 means none"},
+		},
+		Infer: func(n *Node) ([]Type, error) {
+			q, k, v, pos := inType(n, 0), inType(n, 1), inType(n, 2), inType(n, 3)
+			if len(q.Shape) != 4 || len(k.Shape) != 4 || !k.Shape.Equal(v.Shape) {
+				return nil, fmt.Errorf("want q [B,H,S,D] and k, v [B,KV,S,D], got %s, %s, %s", q.Shape, k.Shape, v.Shape)
+			}
+			H, KV := q.Shape[1], k.Shape[1]
+			if H.IsSym() || KV.IsSym() || KV.Size == 0 || H.Size%KV.Size != 0 {
+				return nil, fmt.Errorf("query heads %s are not a multiple of KV heads %s", H, KV)
+			}
+			if q.Shape[0] != k.Shape[0] || q.Shape[2] != k.Shape[2] || q.Shape[3] != k.Shape[3] {
+				return nil, fmt.Errorf("q %s and k %s disagree on batch, sequence or head size", q.Shape, k.Shape)
+			}
+			if len(pos.Shape) != 2 || !pos.DType.IsInt() || pos.Shape[0] != q.Shape[0] || pos.Shape[1] != q.Shape[2] {
+				return nil, fmt.Errorf("positions must be integer [B,S] matching q %s, got %s", q.Shape, pos)
+			}
+			return one(q), nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			q, k, v, pos := n.Inputs[0], n.Inputs[1], n.Inputs[2], n.Inputs[3]
+			rep := q.Type.Shape[1].Size / k.Type.Shape[1].Size
+			k, v = DecomposeRepeatKV(b, k, rep), DecomposeRepeatKV(b, v, rep)
+			mask := DecomposeCausalMask(b, pos, n.Attrs.Int("window"))
+			scores := b.Mul(b.Matmul(q, b.Transpose(k, 0, 1, 3, 2)), b.Scalar(tensor.F32, n.Attrs.Float("scale")))
+			probs := b.Cast(b.Softmax(b.Cast(b.Add(scores, mask), tensor.F32), -1), q.Type.DType)
+			return []*Value{b.Matmul(probs, v)}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "swiglu", Doc: "silu(gate) * up, elementwise.",
+		Inputs: []string{"gate", "up"},
+		Infer: func(n *Node) ([]Type, error) {
+			g, u := inType(n, 0), inType(n, 1)
+			if !g.Shape.Equal(u.Shape) || !g.DType.IsFloat() {
+				return nil, fmt.Errorf("gate %s and up %s must be float tensors of one shape", g, u)
+			}
+			dt, err := Promote(g.DType, u.DType)
+			if err != nil {
+				return nil, err
+			}
+			return one(Type{dt, g.Shape.Clone()}), nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			return []*Value{b.Mul(b.Unary("silu", n.Inputs[0]), n.Inputs[1])}, b.Err()
+		},
+	})
+}
+
+func checkNormWeight(x, w Type) error {
+	if len(x.Shape) == 0 || len(w.Shape) != 1 || w.Shape[0] != x.Shape[len(x.Shape)-1] {
+		return fmt.Errorf("norm weight %s does not fit the last axis of %s", w.Shape, x.Shape)
+	}
+	if !x.DType.IsFloat() || !w.DType.IsFloat() {
+		return fmt.Errorf("norm needs float operands, got %s and %s", x.DType, w.DType)
+	}
+	return nil
+}
