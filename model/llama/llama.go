@@ -99,13 +99,9 @@ func build(cfg *model.Config, opts model.BuildOptions, v variant) (*graph.Graph,
 	return b.Build()
 }
 
-// rmsnorm is Hugging Face's LlamaRMSNorm over the last axis, computed in f32:
-// weight * cast(x * rsqrt(mean(x^2) + eps)).
+// rmsnorm is Hugging Face's LlamaRMSNorm over the last axis, computed in f32.
 func (b *builder) rmsnorm(x, w *graph.Value, eps float64) *graph.Value {
-	x32 := b.Cast(x, tensor.F32)
-	variance := b.Reduce("mean", b.Pow(x32, b.Scalar(tensor.F32, 2)), true, -1)
-	y := b.Mul(x32, b.Unary("rsqrt", b.Add(variance, b.Scalar(tensor.F32, eps))))
-	return b.Mul(w, b.Cast(y, b.act))
+	return graph.DecomposeRMSNorm(b.Builder, x, w, eps)
 }
 
 // rotary computes cos and sin [B,S,head_dim] from positions [B,S], as Hugging Face's rotary
@@ -119,29 +115,15 @@ func (b *builder) rotary(pos *graph.Value) (cos, sin *graph.Value, err error) {
 	// transformers keeps inv_freq as a buffer, which casting the model to its checkpoint dtype
 	// rounds too; Hugging Face's outputs for a bf16 model come from the rounded frequencies.
 	inv = roundTo(inv, b.cfg.WeightDType())
-	invFreq := b.Const(tensor.F32, graph.Dims(d/2), inv...)
-	p := b.Reshape(b.Cast(pos, tensor.F32), B, S, graph.D(1))
-	freqs := b.Mul(p, invFreq) // [B,S,d/2]
-	emb := b.Concat(-1, freqs, freqs)
-	cos, sin = b.Unary("cos", emb), b.Unary("sin", emb)
-	if scaling != 1 {
-		cos = b.Mul(cos, b.Scalar(tensor.F32, scaling))
-		sin = b.Mul(sin, b.Scalar(tensor.F32, scaling))
-	}
-	return b.Cast(cos, b.act), b.Cast(sin, b.act), nil
+	cos, sin = graph.DecomposeRotaryTables(b.Builder, pos, inv, scaling, b.act)
+	return cos, sin, nil
 }
 
 // causalMask is the additive attention mask [B,1,S,S]: 0 where key position <= query
 // position (and, with a sliding window W, key position > query position - W), -inf elsewhere.
 func (b *builder) causalMask(pos *graph.Value) *graph.Value {
 	b.SetScope("model.mask")
-	q := b.Reshape(pos, B, graph.D(1), S, graph.D(1))
-	k := b.Reshape(pos, B, graph.D(1), graph.D(1), S)
-	allowed := b.Compare("le", k, q)
-	if w := b.cfg.SlidingWindow; w > 0 {
-		allowed = b.And(allowed, b.Compare("gt", b.Add(k, b.Scalar(tensor.I32, float64(w))), q))
-	}
-	return b.Where(allowed, b.Scalar(tensor.F32, 0), b.Scalar(tensor.F32, math.Inf(-1)))
+	return graph.DecomposeCausalMask(b.Builder, pos, b.cfg.SlidingWindow)
 }
 
 // linear is x @ w^T (+ bias).
@@ -186,13 +168,11 @@ func (b *builder) attention(p string, x, cos, sin, mask *graph.Value, v variant)
 	k = b.Transpose(k, 0, 2, 1, 3) // [B,KV,S,D]
 	val = b.Transpose(val, 0, 2, 1, 3)
 
-	c := b.Reshape(cos, B, graph.D(1), S, hd)
-	s := b.Reshape(sin, B, graph.D(1), S, hd)
-	q = b.Add(b.Mul(q, c), b.Mul(b.rotateHalf(q), s))
-	k = b.Add(b.Mul(k, c), b.Mul(b.rotateHalf(k), s))
+	q = graph.ApplyRotary(b.Builder, q, cos, sin)
+	k = graph.ApplyRotary(b.Builder, k, cos, sin)
 
-	k = b.repeatKV(k, H/KV)
-	val = b.repeatKV(val, H/KV)
+	k = graph.DecomposeRepeatKV(b.Builder, k, H/KV)
+	val = graph.DecomposeRepeatKV(b.Builder, val, H/KV)
 
 	scores := b.Mul(b.Matmul(q, b.Transpose(k, 0, 1, 3, 2)), b.Scalar(tensor.F32, 1/math.Sqrt(float64(D))))
 	scores = b.Add(scores, mask)
@@ -200,25 +180,6 @@ func (b *builder) attention(p string, x, cos, sin, mask *graph.Value, v variant)
 	o := b.Matmul(probs, val)                                     // [B,H,S,D]
 	o = b.Reshape(b.Transpose(o, 0, 2, 1, 3), B, S, graph.D(H*D)) // [B,S,H*D]
 	return b.linear(o, p+".o_proj", H*D, cfg.HiddenSize, cfg.AttentionBias)
-}
-
-// rotateHalf maps x = [x1, x2] (halves of the last axis) to [-x2, x1].
-func (b *builder) rotateHalf(x *graph.Value) *graph.Value {
-	d := b.cfg.HeadDim
-	x1 := b.Slice(x, -1, 0, d/2)
-	x2 := b.Slice(x, -1, d/2, d)
-	return b.Concat(-1, b.Neg(x2), x1)
-}
-
-// repeatKV turns [B,KV,S,D] into [B,KV*n,S,D], each KV head repeated n times in place.
-func (b *builder) repeatKV(x *graph.Value, n int) *graph.Value {
-	if n == 1 {
-		return x
-	}
-	KV, D := b.cfg.NumKeyValueHeads, b.cfg.HeadDim
-	x = b.Reshape(x, B, graph.D(KV), graph.D(1), S, graph.D(D))
-	x = b.Expand(x, B, graph.D(KV), graph.D(n), S, graph.D(D))
-	return b.Reshape(x, B, graph.D(KV*n), S, graph.D(D))
 }
 
 // mlp is SwiGLU: down(silu(gate(x)) * up(x)).
