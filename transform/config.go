@@ -97,7 +97,7 @@ func LoadConfig(opts ConfigOptions) (*Config, error) {
 	for _, s := range opts.Sets {
 		layers = append(layers, layer{name: "--set " + s, set: s, isSet: true})
 	}
-	return loadLayers(layers)
+	return loadLayers(layers, registry)
 }
 
 // DefaultConfig is the configuration of default.yaml alone.
@@ -113,7 +113,7 @@ type layer struct {
 
 // tree is a merged YAML document that remembers which layer each node came from.
 type tree struct {
-	root *yaml.Node          // a mapping node
+	root *yaml.Node            // a mapping node
 	src  map[*yaml.Node]string // node -> layer name
 }
 
@@ -131,7 +131,8 @@ func (t *tree) errorf(n *yaml.Node, path, format string, args ...any) error {
 	return fmt.Errorf("%s: %s: %s", t.where(n), path, fmt.Sprintf(format, args...))
 }
 
-func loadLayers(layers []layer) (*Config, error) {
+// loadLayers merges layers and resolves them against the transforms of reg.
+func loadLayers(layers []layer, reg map[string]*Transform) (*Config, error) {
 	t := &tree{root: &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}, src: map[*yaml.Node]string{}}
 	for _, l := range layers {
 		root, err := l.parse()
@@ -146,7 +147,7 @@ func loadLayers(layers []layer) (*Config, error) {
 			return nil, err
 		}
 	}
-	return t.resolve()
+	return t.resolve(reg)
 }
 
 // parse returns the layer's top-level mapping, or nil when the layer is empty.
@@ -270,7 +271,7 @@ func join(path, key string) string {
 }
 
 // resolve checks the merged tree and decodes every transform's settings.
-func (t *tree) resolve() (*Config, error) {
+func (t *tree) resolve(reg map[string]*Transform) (*Config, error) {
 	var transforms *yaml.Node
 	for i := 0; i+1 < len(t.root.Content); i += 2 {
 		k, v := t.root.Content[i], resolveAlias(t.root.Content[i+1])
@@ -286,26 +287,24 @@ func (t *tree) resolve() (*Config, error) {
 		return nil, errors.New("configuration lists no transforms")
 	}
 	c := &Config{byName: map[string]*Entry{}}
-	order := map[string]int{}
 	for i := 0; i+1 < len(transforms.Content); i += 2 {
 		k, v := transforms.Content[i], resolveAlias(transforms.Content[i+1])
 		path := "transforms." + k.Value
-		tr, ok := Lookup(k.Value)
+		tr, ok := reg[k.Value]
 		if !ok {
-			return nil, t.errorf(k, path, "unknown transform (known: %s)", strings.Join(registeredNames(), ", "))
+			return nil, t.errorf(k, path, "unknown transform (known: %s)", strings.Join(sortedNames(reg), ", "))
 		}
 		e, err := t.decodeEntry(tr, k, v, path)
 		if err != nil {
 			return nil, err
 		}
-		order[tr.Name] = i
 		c.entries = append(c.entries, e)
 		c.byName[tr.Name] = e
 	}
 	var missing []string
-	for _, tr := range All() {
-		if c.byName[tr.Name] == nil {
-			missing = append(missing, tr.Name)
+	for _, name := range sortedNames(reg) {
+		if c.byName[name] == nil {
+			missing = append(missing, name)
 		}
 	}
 	if len(missing) > 0 {
@@ -393,9 +392,9 @@ func DecodeOptions(t *Transform, source string, options []byte) (any, error) {
 	return (&decoder{t: tr}).decodeOptions(t, opts, "")
 }
 
-func registeredNames() []string {
+func sortedNames(reg map[string]*Transform) []string {
 	var out []string
-	for name := range registry {
+	for name := range reg {
 		out = append(out, name)
 	}
 	sort.Strings(out)
