@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -67,6 +68,9 @@ func init() {
 		},
 		Infer: func(n *Node) ([]Type, error) {
 			q, k, pos := inType(n, 0), inType(n, 1), inType(n, 2)
+			if len(pos.Shape) != 2 || !pos.DType.IsInt() { // checked first: the loop indexes pos.Shape
+				return nil, fmt.Errorf("positions must be integer [B,S], got %s", pos)
+			}
 			for _, t := range []Type{q, k} {
 				if len(t.Shape) != 4 {
 					return nil, fmt.Errorf("q and k must be [B,heads,S,D], got %s", t.Shape)
@@ -74,9 +78,6 @@ func init() {
 				if t.Shape[0] != pos.Shape[0] || t.Shape[2] != pos.Shape[1] || t.Shape[3] != q.Shape[3] {
 					return nil, fmt.Errorf("%s does not fit positions %s and head size %s", t.Shape, pos.Shape, q.Shape[3])
 				}
-			}
-			if len(pos.Shape) != 2 || !pos.DType.IsInt() {
-				return nil, fmt.Errorf("positions must be integer [B,S], got %s", pos)
 			}
 			if d := q.Shape[3]; d.IsSym() || d.Size != 2*len(n.Attrs.Floats("inv_freq")) {
 				return nil, fmt.Errorf("head size %s needs %s/2 inverse frequencies, got %d", d, d, len(n.Attrs.Floats("inv_freq")))
@@ -97,6 +98,9 @@ func init() {
 			x, rep := inType(n, 0), n.Attrs.Int("n")
 			if len(x.Shape) != 4 || x.Shape[1].IsSym() || rep < 1 {
 				return nil, fmt.Errorf("repeat_kv needs x [B,KV,S,D] with constant KV and n >= 1, got %s and n=%d", x.Shape, rep)
+			}
+			if x.Shape[1].Size > 0 && rep > math.MaxInt/x.Shape[1].Size {
+				return nil, fmt.Errorf("repeat_kv: %d heads repeated %d times overflows", x.Shape[1].Size, rep)
 			}
 			out := x.Shape.Clone()
 			out[1] = D(x.Shape[1].Size * rep)

@@ -191,6 +191,46 @@ func inferCases() []inferCase {
 		inferCase{op: "expand", in: []Type{ty(f32t, 3)}, attrs: Attrs{"shape": Dims(1)}, err: "cannot expand [3] to [1]"},
 		inferCase{op: "expand", in: []Type{ty(f32t, 3)}, attrs: Attrs{"shape": Dims(4)}, err: "do not broadcast"},
 	)
+	invFreq8 := []float64{1, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125}
+	cases = append(cases,
+		inferCase{op: "rmsnorm", in: []Type{ty(bf16, "B", "S", 64), ty(bf16, 64)}, attrs: Attrs{"eps": 1e-05}, want: []Type{ty(bf16, "B", "S", 64)}},
+		inferCase{op: "rmsnorm", in: []Type{ty(bf16, "B", 64), ty(f32t, 64)}, attrs: Attrs{"eps": 1e-06}, want: []Type{ty(f32t, "B", 64)}},
+		inferCase{op: "rmsnorm", in: []Type{ty(bf16, "B", 64), ty(bf16, 32)}, attrs: Attrs{"eps": 1e-05}, err: "norm weight [32] does not fit the last axis of [B,64]"},
+		inferCase{op: "rmsnorm", in: []Type{ty(i32, "B", 64), ty(bf16, 64)}, attrs: Attrs{"eps": 1e-05}, err: "norm needs float operands"},
+		inferCase{op: "rmsnorm", in: []Type{ty(bf16, 64), ty(bf16, 64)}, err: "missing required attribute eps (float)"},
+
+		inferCase{op: "add_rmsnorm", in: []Type{ty(bf16, "B", 64), ty(bf16, "B", 64), ty(bf16, 64)}, attrs: Attrs{"eps": 1e-05},
+			want: []Type{ty(bf16, "B", 64), ty(bf16, "B", 64)}},
+		inferCase{op: "add_rmsnorm", in: []Type{ty(bf16, "B", 64), ty(bf16, "S", 64), ty(bf16, 64)}, attrs: Attrs{"eps": 1e-05},
+			err: "x [B,64] and residual [S,64] differ in shape"},
+
+		inferCase{op: "rope", in: []Type{ty(f32t, "B", 4, "S", 16), ty(f32t, "B", 2, "S", 16), ty(i64, "B", "S")}, attrs: Attrs{"inv_freq": invFreq8},
+			want: []Type{ty(f32t, "B", 4, "S", 16), ty(f32t, "B", 2, "S", 16)}},
+		inferCase{op: "rope", in: []Type{ty(f32t, "B", 4, "S", 16), ty(f32t, "B", 2, "S", 16), ty(i64, "B", "S")}, attrs: Attrs{"inv_freq": []float64{1, 2, 3}},
+			err: "head size 16 needs 16/2 inverse frequencies, got 3"},
+		inferCase{op: "rope", in: []Type{ty(f32t, "B", 4, "S", 16), ty(f32t, "B", 2, "S", 16), ty(i64, "S")}, attrs: Attrs{"inv_freq": invFreq8},
+			err: "positions must be integer [B,S], got i64[S]"},
+		inferCase{op: "rope", in: []Type{ty(f32t, "B", 4, "S", 16), ty(f32t, "B", 2, "S", 8), ty(i64, "B", "S")}, attrs: Attrs{"inv_freq": invFreq8},
+			err: "[B,2,S,8] does not fit positions [B,S] and head size 16"},
+
+		inferCase{op: "repeat_kv", in: []Type{ty(bf16, "B", 2, "S", 16)}, attrs: Attrs{"n": 3}, want: []Type{ty(bf16, "B", 6, "S", 16)}},
+		inferCase{op: "repeat_kv", in: []Type{ty(bf16, "B", 2, "S", 16)}, attrs: Attrs{"n": 0}, err: "n >= 1, got [B,2,S,16] and n=0"},
+		inferCase{op: "repeat_kv", in: []Type{ty(bf16, "B", "KV", "S", 16)}, attrs: Attrs{"n": 2}, err: "constant KV"},
+		inferCase{op: "repeat_kv", in: []Type{ty(bf16, "B", 2, "S", 16)}, attrs: Attrs{"n": math.MaxInt}, err: "overflows"},
+
+		inferCase{op: "sdpa", in: []Type{ty(bf16, "B", 4, "S", 16), ty(bf16, "B", 2, "S", 16), ty(bf16, "B", 2, "S", 16), ty(i32, "B", "S")},
+			attrs: Attrs{"scale": 0.25}, want: []Type{ty(bf16, "B", 4, "S", 16)}},
+		inferCase{op: "sdpa", in: []Type{ty(bf16, "B", 3, "S", 16), ty(bf16, "B", 2, "S", 16), ty(bf16, "B", 2, "S", 16), ty(i32, "B", "S")},
+			attrs: Attrs{"scale": 0.25}, err: "query heads 3 are not a multiple of KV heads 2"},
+		inferCase{op: "sdpa", in: []Type{ty(bf16, "B", 4, "S", 16), ty(bf16, "B", 2, "S", 16), ty(bf16, "B", 2, "S", 16), ty(f32t, "B", "S")},
+			attrs: Attrs{"scale": 0.25}, err: "positions must be integer [B,S]"},
+		inferCase{op: "sdpa", in: []Type{ty(bf16, "B", 4, "S", 16), ty(bf16, "B", 2, "S", 16), ty(bf16, "B", 2, "S", 8), ty(i32, "B", "S")},
+			attrs: Attrs{"scale": 0.25}, err: "want q [B,H,S,D] and k, v [B,KV,S,D]"},
+
+		inferCase{op: "swiglu", in: []Type{ty(bf16, "B", 128), ty(f32t, "B", 128)}, want: []Type{ty(f32t, "B", 128)}},
+		inferCase{op: "swiglu", in: []Type{ty(bf16, "B", 128), ty(bf16, "B", 64)}, err: "must be float tensors of one shape"},
+		inferCase{op: "swiglu", in: []Type{ty(i32, 4), ty(i32, 4)}, err: "must be float tensors of one shape"},
+	)
 	for _, op := range []string{"sum", "mean", "max"} {
 		cases = append(cases,
 			inferCase{op: op, in: []Type{ty(f32t, "B", "S", 64)}, attrs: Attrs{"axes": []int{-1}, "keepdim": true}, want: []Type{ty(f32t, "B", "S", 1)}},

@@ -25,6 +25,7 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"no_inputs":    buildNoInputs,
 		"identity":     buildIdentity,
 		"quoted_names": buildQuotedNames,
+		"fused":        buildFused,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {
@@ -199,6 +200,29 @@ func buildQuotedNames() (*Graph, error) {
 	return b.Build()
 }
 
+// buildFused uses the fused ops, as the pattern matcher leaves them.
+func buildFused() (*Graph, error) {
+	b := NewBuilder("fused")
+	x := b.Input("x", tensor.BF16, Shape{symB, symS, D(64)})
+	res := b.Input("residual", tensor.BF16, Shape{symB, symS, D(64)})
+	pos := b.Input("positions", tensor.I64, Shape{symB, symS})
+	b.SetScope("model.layers.0")
+	w := b.Param("model.layers.0.input_layernorm.weight", tensor.BF16, Dims(64))
+	h := b.Op("rmsnorm", Attrs{"eps": 1e-05}, x, w)
+	normed := b.Apply("add_rmsnorm", Attrs{"eps": 1e-06}, h, res, w) // (normed, sum)
+	q := b.Transpose(b.Reshape(normed[0], symB, symS, D(4), D(16)), 0, 2, 1, 3)
+	k := b.Transpose(b.Reshape(b.Slice(normed[1], -1, 0, 32), symB, symS, D(2), D(16)), 0, 2, 1, 3)
+	invFreq := make([]float64, 8)
+	for i := range invFreq {
+		invFreq[i] = math.Pow(10000, -float64(i)/8)
+	}
+	qk := b.Apply("rope", Attrs{"inv_freq": invFreq, "scaling": 0.5}, q, k, pos)
+	att := b.Op("sdpa", Attrs{"scale": 0.25, "window": 4}, qk[0], qk[1], qk[1], pos)
+	out := b.Op("swiglu", nil, att, b.Op("repeat_kv", Attrs{"n": 2}, qk[1]))
+	b.Output(out)
+	return b.Build()
+}
+
 func TestRoundTrip(t *testing.T) {
 	for name, g := range roundTripGraphs(t) {
 		t.Run(name, func(t *testing.T) {
@@ -261,6 +285,22 @@ func TestRoundTripText(t *testing.T) {
 		"values=[1e-05,-inf,inf,nan,2.0,-0.5,1e+20,5e-324,0.1]",
 		"values=[-0.0,0.3333333333333333]",
 		"= iota() {shape=[3,3], axis=1, dtype=f32} : f32[3,3]",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text lacks %s\n%s", want, text)
+		}
+	}
+	f, err := buildFused()
+	if err != nil {
+		t.Fatal(err)
+	}
+	text = f.String()
+	for _, want := range []string{
+		"= rmsnorm(%x, %model.layers.0.input_layernorm.weight) {eps=1e-05} : bf16[B,S,64] @model.layers.0",
+		"%1, %2 = add_rmsnorm(%0, %residual, %model.layers.0.input_layernorm.weight) {eps=1e-06} : bf16[B,S,64], bf16[B,S,64]",
+		"{inv_freq=[1.0,0.31622776601683794,",
+		", scaling=0.5} : bf16[B,4,S,16], bf16[B,2,S,16]",
+		"{scale=0.25, window=4}",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("text lacks %s\n%s", want, text)
