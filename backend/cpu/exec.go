@@ -50,6 +50,12 @@ func (p *Program) Graph() *graph.Graph { return p.g }
 // w may be nil for a graph without params. The kernels are fixed at this point: a later
 // Register does not change a compiled program.
 func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, error) {
+	return compile(ctx, g, w, Lookup)
+}
+
+// compile is Compile with the kernel lookup as a parameter (Lookup, or Reference for the
+// reference decomposition of fused ops).
+func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func(string) (Kernel, bool)) (*Program, error) {
 	if g == nil {
 		return nil, errors.New("cpu: compile: nil graph")
 	}
@@ -78,7 +84,7 @@ func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, 
 		if n.Op == graph.OpParam {
 			continue
 		}
-		k, ok := Lookup(n.Op)
+		k, ok := lookup(n.Op)
 		if !ok {
 			missing = append(missing, fmt.Errorf("no CPU kernel for op %q (node %s)", n.Op, n))
 			continue
@@ -253,31 +259,34 @@ func runKernel(k Kernel, n *graph.Node, in []*tensor.Tensor, outs []Out) ([]*ten
 // outputs in order. The caller's input tensors are not modified; they may be returned as
 // outputs if the graph passes them through.
 func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	if p == nil || p.g == nil {
+		return nil, errors.New("cpu: run: program was not compiled")
+	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("run %s: %w", p.g.Name, err)
+		return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)
 	}
 	vals := slices.Clone(p.fixed)
 	env, err := p.bindInputs(inputs, vals)
 	if err != nil {
-		return nil, fmt.Errorf("run %s: %w", p.g.Name, err)
+		return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)
 	}
 	for _, st := range p.steps {
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("run %s: before %s: %w", p.g.Name, st.node, err)
+			return nil, fmt.Errorf("cpu: run %s: before %s: %w", p.g.Name, st.node, err)
 		}
 		outs, err := resolveOuts(st.node, env)
 		if err != nil {
-			return nil, fmt.Errorf("run %s: %s: %w", p.g.Name, st.node, err)
+			return nil, fmt.Errorf("cpu: run %s: %s: %w", p.g.Name, st.node, err)
 		}
 		in := make([]*tensor.Tensor, len(st.in))
 		for i, s := range st.in {
 			if in[i] = vals[s]; in[i] == nil {
-				return nil, fmt.Errorf("run %s: %s: input %d was released early (internal error)", p.g.Name, st.node, i)
+				return nil, fmt.Errorf("cpu: run %s: %s: input %d was released early (internal error)", p.g.Name, st.node, i)
 			}
 		}
 		res, err := runKernel(st.kernel, st.node, in, outs)
 		if err != nil {
-			return nil, fmt.Errorf("run %s: %w", p.g.Name, err)
+			return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)
 		}
 		for i, s := range st.out {
 			vals[s] = res[i]

@@ -2,11 +2,13 @@
 // executor (Compile, Program.Run) that loads a graph's parameters and runs its nodes in order.
 //
 // Every op of the catalog in package graph (except param, which is loaded, not run) has a
-// reference kernel here. Reference kernels are simple and exact about semantics: they compute
-// in float32 from any float storage dtype (bf16 and f16 are widened), in int64 for integer
-// ops and with plain bools for logical ops, and store the result in the node's declared
-// output dtype. Faster kernels (fused ops, SIMD, tuned GEMMs) replace them with Register;
-// Reference keeps the originals reachable so tests can hold the fast ones equal to them.
+// reference kernel here: primitives have their own, and fused ops (those that declare a
+// decomposition) run their decomposition. Reference kernels are simple and exact about
+// semantics: they compute in float32 from any float storage dtype (bf16 and f16 are
+// widened), in int64 for integer ops and with plain bools for logical ops, and store the
+// result in the node's declared output dtype. Faster kernels (fused ops, SIMD, tuned GEMMs)
+// replace them with Register; Reference keeps the originals reachable so tests can hold the
+// fast ones equal to them.
 package cpu
 
 import (
@@ -67,19 +69,35 @@ func Register(op string, k Kernel) {
 // reference kernel.
 func Lookup(op string) (Kernel, bool) {
 	mu.RLock()
-	defer mu.RUnlock()
-	if k, ok := overrides[op]; ok {
+	k, ok := overrides[op]
+	mu.RUnlock()
+	if ok {
 		return k, true
 	}
-	k, ok := reference[op]
-	return k, ok
+	return Reference(op)
 }
 
-// Reference returns the reference kernel of op, whatever Register installed.
+// Reference returns the reference kernel of op, whatever Register installed. An op of the
+// graph catalog that declares a decomposition (a fused op) and has no reference kernel of
+// its own gets one that runs its decomposition with reference kernels.
 func Reference(op string) (Kernel, bool) {
-	k, ok := reference[op]
-	return k, ok
+	if k, ok := reference[op]; ok {
+		return k, true
+	}
+	if spec, ok := graph.Lookup(op); ok && spec.Decompose != nil {
+		return decomposed, true
+	}
+	return nil, false
 }
 
-// ReferenceOps lists the ops that have a reference kernel, sorted.
-func ReferenceOps() []string { return slices.Sorted(maps.Keys(reference)) }
+// ReferenceOps lists the ops that have a reference kernel (see Reference), sorted.
+func ReferenceOps() []string {
+	ops := slices.Collect(maps.Keys(reference))
+	for _, spec := range graph.Ops() {
+		if _, own := reference[spec.Name]; !own && spec.Decompose != nil {
+			ops = append(ops, spec.Name)
+		}
+	}
+	slices.Sort(ops)
+	return ops
+}

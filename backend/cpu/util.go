@@ -13,6 +13,9 @@ import (
 // checkArgs verifies the number of inputs (exactly nIn, or at least -nIn when nIn < 0) and
 // outputs, and that every input tensor is well formed.
 func checkArgs(n *graph.Node, in []*tensor.Tensor, out []Out, nIn, nOut int) error {
+	if n == nil {
+		return fmt.Errorf("kernel called without a node")
+	}
 	if nIn >= 0 && len(in) != nIn {
 		return fmt.Errorf("%s takes %d inputs, got %d", n.Op, nIn, len(in))
 	}
