@@ -273,9 +273,13 @@ func TestLiteralConstant(t *testing.T) {
 	}{
 		{"same scalar", func(b *graph.Builder) *graph.Value { return b.Scalar(tensor.F32, 0.5) }, true},
 		{"other dtype and shape, same values", func(b *graph.Builder) *graph.Value { return b.Const(tensor.BF16, graph.Dims(8), 0.5) }, true},
-		{"all elements equal", func(b *graph.Builder) *graph.Value { return b.Const(tensor.F32, graph.Dims(8), 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5) }, true},
+		{"all elements equal", func(b *graph.Builder) *graph.Value {
+			return b.Const(tensor.F32, graph.Dims(8), 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5)
+		}, true},
 		{"different value", func(b *graph.Builder) *graph.Value { return b.Scalar(tensor.F32, 2) }, false},
-		{"elements differ", func(b *graph.Builder) *graph.Value { return b.Const(tensor.F32, graph.Dims(8), 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1) }, false},
+		{"elements differ", func(b *graph.Builder) *graph.Value {
+			return b.Const(tensor.F32, graph.Dims(8), 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1)
+		}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
