@@ -24,6 +24,8 @@ type Program struct {
 	steps   []step
 	outputs []int // slot of each graph output
 
+	params, paramBytes int // how many params were loaded, and their size
+
 	// onFree, when set (by tests), is told of every value a run releases.
 	onFree func(v *graph.Value)
 }
@@ -50,7 +52,14 @@ func (p *Program) Graph() *graph.Graph { return p.g }
 // w may be nil for a graph without params. The kernels are fixed at this point: a later
 // Register does not change a compiled program.
 func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, error) {
-	return compile(ctx, g, w, Lookup)
+	start := time.Now()
+	p, err := compile(ctx, g, w, Lookup)
+	if err != nil {
+		return nil, err
+	}
+	slog.Debug("cpu: compiled", "graph", g.Name, "nodes", len(g.Nodes), "steps", len(p.steps),
+		"params", p.params, "param_bytes", p.paramBytes, "elapsed", time.Since(start))
+	return p, nil
 }
 
 // compile is Compile with the kernel lookup as a parameter (Lookup, or Reference for the
@@ -59,7 +68,6 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 	if g == nil {
 		return nil, errors.New("cpu: compile: nil graph")
 	}
-	start := time.Now()
 	if err := graph.Verify(g); err != nil {
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 	}
@@ -97,7 +105,6 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 	if err := checkSymbols(g); err != nil {
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 	}
-	var params, paramBytes int
 	for i, n := range g.Nodes {
 		switch n.Op {
 		case graph.OpParam:
@@ -106,8 +113,8 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 			}
 			p.fixed[slot[n.Out()]] = t
-			params++
-			paramBytes += t.Numel() * t.DType.Size()
+			p.params++
+			p.paramBytes += t.Numel() * t.DType.Size()
 		case graph.OpConst:
 			o, err := resolveOuts(n, nil)
 			if err != nil {
@@ -133,8 +140,6 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 		p.outputs = append(p.outputs, slot[o])
 	}
 	p.planFrees()
-	slog.Debug("cpu: compiled", "graph", g.Name, "nodes", len(g.Nodes), "steps", len(p.steps),
-		"params", params, "param_bytes", paramBytes, "elapsed", time.Since(start))
 	return p, nil
 }
 
