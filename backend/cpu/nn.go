@@ -69,8 +69,11 @@ func linear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 		return nil, err
 	}
 	M := tensor.Numel(x.Shape[:rx-1])
-	xs := x.Float32s()
 	res := make([]float32, M*N)
+	if M == 0 || N == 0 || K == 0 {
+		return []*tensor.Tensor{fromF32(res, o)}, nil
+	}
+	xs := x.Float32s()
 	parallelFor(N, max(1, workChunk/max(1, M*K)), func(lo, hi int) {
 		buf := make([]float32, K)
 		for j := lo; j < hi; j++ {
