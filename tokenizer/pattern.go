@@ -143,8 +143,7 @@ func runeAt(s string, i int) (rune, int) {
 }
 
 // contraction matches one of the English contractions 's 't 're 've 'm 'll 'd at s[i] (an
-// apostrophe), ASCII case-folded when
-// fold is set, and returns the match length or 0.
+// apostrophe), case-insensitively when fold is set, and returns the match length or 0.
 func contraction(s string, i int, fold bool) int {
 	if i+1 >= len(s) {
 		return 0
@@ -154,6 +153,9 @@ func contraction(s string, i int, fold bool) int {
 			return c + 'a' - 'A'
 		}
 		return c
+	}
+	if fold && strings.HasPrefix(s[i+1:], "ſ") { // U+017F LATIN SMALL LETTER LONG S case-folds to s
+		return 1 + len("ſ")
 	}
 	switch lower(s[i+1]) {
 	case 's', 't', 'm', 'd':

@@ -242,44 +242,28 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) (ids []int, err error) 
 			ids, err = nil, fmt.Errorf("tokenizer: encode: internal error: %v", r)
 		}
 	}()
-	text = sanitizeUTF8(text)
+	segs, err := t.segments(sanitizeUTF8(text), nil)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: encode: %w", err)
+	}
 	ids = make([]int, 0, len(text)/3+4)
-	var pieces []piece
-	for _, rs := range t.rawMatch.split(text, nil) {
-		if rs.tok != nil {
-			ids = append(ids, rs.tok.ID)
+	var words []piece
+	for _, sg := range segs {
+		if sg.tok != nil {
+			ids = append(ids, sg.tok.ID)
 			continue
 		}
-		if rs.start == rs.end {
-			continue
+		words = words[:0]
+		if t.pre != nil {
+			if words, err = t.pre.preTokenize(sg.piece, words); err != nil {
+				return nil, fmt.Errorf("tokenizer: encode: pre-tokenize: %w", err)
+			}
+		} else {
+			words = append(words, sg.piece)
 		}
-		s := text[rs.start:rs.end]
-		if t.normalizer != nil {
-			if s, err = t.normalizer.normalize(s); err != nil {
-				return nil, fmt.Errorf("tokenizer: encode: normalize: %w", err)
-			}
-		}
-		for _, ns := range t.normMatch.split(s, nil) {
-			if ns.tok != nil {
-				ids = append(ids, ns.tok.ID)
-				continue
-			}
-			if ns.start == ns.end {
-				continue
-			}
-			p := piece{s: s[ns.start:ns.end], first: rs.start == 0 && ns.start == 0}
-			pieces = pieces[:0]
-			if t.pre != nil {
-				if pieces, err = t.pre.preTokenize(p, pieces); err != nil {
-					return nil, fmt.Errorf("tokenizer: encode: pre-tokenize: %w", err)
-				}
-			} else {
-				pieces = append(pieces, p)
-			}
-			for _, w := range pieces {
-				if ids, err = t.model.tokenize(w.s, ids); err != nil {
-					return nil, fmt.Errorf("tokenizer: encode: %w", err)
-				}
+		for _, w := range words {
+			if ids, err = t.model.tokenize(w.s, ids); err != nil {
+				return nil, fmt.Errorf("tokenizer: encode: %w", err)
 			}
 		}
 	}
@@ -287,6 +271,43 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) (ids []int, err error) 
 		ids = t.post.process(ids)
 	}
 	return ids, nil
+}
+
+// segment is a part of the input after added tokens are split out and the rest normalized:
+// an added token (tok set, piece holding its text) or normalized text to pre-tokenize.
+type segment struct {
+	piece
+	tok *AddedToken
+}
+
+// segments splits text as Hugging Face's AddedVocabulary::extract_and_normalize does: first
+// the added tokens that match the raw text, then, in each normalized remaining part, those
+// that match normalized text. Empty parts are dropped.
+func (t *Tokenizer) segments(text string, dst []segment) ([]segment, error) {
+	for _, rs := range t.rawMatch.split(text, nil) {
+		s := text[rs.start:rs.end]
+		if rs.tok != nil {
+			dst = append(dst, segment{piece{s: s}, rs.tok})
+			continue
+		}
+		if s == "" {
+			continue
+		}
+		if t.normalizer != nil {
+			var err error
+			if s, err = t.normalizer.normalize(s); err != nil {
+				return dst, fmt.Errorf("normalize: %w", err)
+			}
+		}
+		for _, ns := range t.normMatch.split(s, nil) {
+			if ns.start == ns.end {
+				continue
+			}
+			p := piece{s: s[ns.start:ns.end], first: rs.start == 0 && ns.start == 0}
+			dst = append(dst, segment{p, ns.tok})
+		}
+	}
+	return dst, nil
 }
 
 // Decode returns the text of ids. With skipSpecial, special added tokens are left out.
