@@ -48,15 +48,22 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	if isNull(raw) {
 		return nil, fmt.Errorf("model: missing")
 	}
+	var head struct {
+		Type   string          `json:"type"`
+		Merges json.RawMessage `json:"merges"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if head.Type == "" && head.Merges != nil {
+		head.Type = "BPE" // files written by old versions of tokenizers omit the type
+	}
+	if head.Type != "BPE" {
+		return nil, fmt.Errorf("model: unsupported model type %q (only BPE is supported)", head.Type)
+	}
 	var cfg bpeConfig
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
-	}
-	if cfg.Type == "" && cfg.Merges != nil {
-		cfg.Type = "BPE" // files written by old versions of tokenizers omit the type
-	}
-	if cfg.Type != "BPE" {
-		return nil, fmt.Errorf("model: unsupported model type %q (only BPE is supported)", cfg.Type)
 	}
 	if cfg.Vocab == nil {
 		return nil, fmt.Errorf("model: missing vocab")

@@ -1,0 +1,162 @@
+package tokenizer
+
+import (
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// multiByte texts split characters across tokens in every fixture: emoji, CJK, combining marks.
+var multiByte = []string{
+	"emoji 😀🚀🧪 done", "你好，世界！日本語のテキスト", "👨‍👩‍👧‍👦 family", "naïve café ‰ ∑ Ω", "🧪🧪🧪", "x\u0000y\u0301",
+}
+
+// streamAll feeds ids one by one and returns the chunks, checking each is valid UTF-8.
+func streamAll(t *testing.T, tok *Tokenizer, ids []int, opts ...StreamOption) []string {
+	t.Helper()
+	st := tok.NewStream(opts...)
+	var chunks []string
+	for _, id := range ids {
+		s, err := st.Next(id)
+		if err != nil {
+			t.Fatalf("Next(%d): %v", id, err)
+		}
+		if !utf8.ValidString(s) {
+			t.Fatalf("Next(%d) = %q: invalid UTF-8", id, s)
+		}
+		chunks = append(chunks, s)
+	}
+	s := st.Flush()
+	if !utf8.ValidString(s) {
+		t.Fatalf("Flush() = %q: invalid UTF-8", s)
+	}
+	return append(chunks, s)
+}
+
+func TestStreamMatchesDecode(t *testing.T) {
+	for _, dir := range fixtureDirs(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			tok, err := LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var texts []string
+			for _, c := range loadReference(t, dir).Tokenize {
+				texts = append(texts, c.Text)
+			}
+			texts = append(texts, multiByte...)
+			for _, text := range texts {
+				ids, err := tok.Encode(text, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, skip := range []bool{false, true} {
+					var opts []StreamOption
+					if skip {
+						opts = append(opts, SkipSpecialTokens())
+					}
+					want, err := tok.Decode(ids, skip)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := strings.Join(streamAll(t, tok, ids, opts...), ""); got != want {
+						t.Errorf("%q skip=%v: stream %q, Decode %q", text, skip, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestStreamHoldsPartialCharacters checks that a character split over several tokens comes
+// out whole, in the chunk of its last token, and that nothing else is delayed.
+func TestStreamHoldsPartialCharacters(t *testing.T) {
+	for _, dir := range fixtureDirs(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			tok, err := LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, err := tok.Encode("a 🧪 b", false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunks := streamAll(t, tok, ids)
+			held := 0
+			for _, c := range chunks {
+				if c == "" {
+					held++
+				}
+			}
+			if !strings.Contains(strings.Join(chunks, ""), "🧪") {
+				t.Fatalf("chunks %q lack the emoji", chunks)
+			}
+			if held == 0 {
+				t.Errorf("chunks %q: the emoji's first byte tokens should give empty chunks", chunks)
+			}
+			// Plain ASCII text is never held back.
+			ids, _ = tok.Encode("Hello world, how are you?", false)
+			chunks = streamAll(t, tok, ids)
+			if last := chunks[len(chunks)-1]; last != "" {
+				t.Errorf("Flush returned %q for ASCII text: it was held back", last)
+			}
+		})
+	}
+}
+
+// TestStreamRandomIDs feeds random ids, which make ill-formed byte sequences of every kind.
+func TestStreamRandomIDs(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, dir := range fixtureDirs(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			tok, err := LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 300 {
+				ids := make([]int, 1+r.IntN(40))
+				for i := range ids {
+					ids[i] = r.IntN(tok.VocabSize())
+				}
+				want, err := tok.Decode(ids, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !utf8.ValidString(want) {
+					t.Fatalf("Decode(%v) = %q: invalid UTF-8", ids, want)
+				}
+				if got := strings.Join(streamAll(t, tok, ids), ""); got != want {
+					t.Fatalf("ids %v: stream %q, Decode %q", ids, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestStreamErrorsAndReuse(t *testing.T) {
+	tok, err := LoadDir("../testdata/tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := tok.NewStream()
+	if _, err := st.Next(tok.VocabSize()); err == nil {
+		t.Error("Next(out of range) did not fail")
+	}
+	if _, err := st.Next(-1); err == nil {
+		t.Error("Next(-1) did not fail")
+	}
+	ids, _ := tok.Encode("Hello", false)
+	for range 2 { // a flushed stream starts over
+		var sb strings.Builder
+		for _, id := range ids {
+			s, _ := st.Next(id)
+			sb.WriteString(s)
+		}
+		sb.WriteString(st.Flush())
+		if sb.String() != "Hello" {
+			t.Errorf("stream = %q, want Hello", sb.String())
+		}
+	}
+}
