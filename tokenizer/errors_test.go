@@ -23,7 +23,11 @@ func TestParseErrors(t *testing.T) {
 		{"merged token not in vocab", spec{vocab: []string{"a", "b"}, merges: []string{"a b"}}.json(), `merged token "ab" is not in the vocabulary`},
 		{"bad merge string", spec{vocab: []string{"a"}, merges: []string{"a"}}.json(), `merges[0]: want "left right"`},
 		{"bad merge list", `{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "b", "c"]]}}`, "merges[0]: want a string"},
-		{"normalizer type", func() string { s := good; s.normalizer = `{"type": "Precompiled", "precompiled_charsmap": ""}`; return s.json() }(),
+		{"normalizer type", func() string {
+			s := good
+			s.normalizer = `{"type": "Precompiled", "precompiled_charsmap": ""}`
+			return s.json()
+		}(),
 			`normalizer: unsupported normalizer type "Precompiled"`},
 		{"nested normalizer type", func() string {
 			s := good
