@@ -215,7 +215,7 @@ body { font: 13px system-ui, sans-serif; margin: 8px; background: #fff; color: #
 h1 { font-size: 16px; margin: 4px 0; }
 p.help { color: #555; margin: 4px 0 8px; }
 .cols { display: flex; align-items: flex-start; gap: 6px; overflow-x: auto; }
-.col { border: 1px solid #bbb; border-radius: 3px; flex: none; max-width: 90ch; }
+.col { border: 1px solid #bbb; border-radius: 3px; flex: none; max-width: 72ch; }
 .hdr { background: #eef; padding: 4px 6px; cursor: pointer; border-bottom: 1px solid #bbb; }
 .hdr .t { font-weight: 600; white-space: nowrap; }
 .hdr .s { color: #555; font-size: 12px; white-space: nowrap; }
