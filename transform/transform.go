@@ -6,15 +6,24 @@
 // A transform is a declared value in its own file, in the manner of
 // golang.org/x/tools/go/analysis:
 //
-//	var CleanupDeadCode = &Transform{
-//		Name:   "cleanup_dead_code",
-//		Stage:  PostExport,
-//		Doc:    "Removes nodes whose outputs nothing uses.",
-//		Config: DeadCodeConfig{},
-//		Run:    Typed(runDeadCode),
+//	// CSEConfig holds the options of cleanup_cse.
+//	type CSEConfig struct {
+//		Commutative bool     `yaml:"commutative"`
+//		ExcludeOps  []string `yaml:"exclude_ops"`
 //	}
 //
-//	func init() { Register(CleanupDeadCode) }
+//	var CleanupCSE = &Transform{
+//		Name:   "cleanup_cse",
+//		Stage:  PostExport,
+//		Doc:    "Merges nodes that compute the same thing ...",
+//		Config: CSEConfig{Commutative: true, ExcludeOps: []string{}},
+//		Run:    Typed(runCSE), // func(ctx, *Context, *graph.Graph, CSEConfig) (Info, error)
+//	}
+//
+//	func init() { Register(CleanupCSE) }
+//
+// Golden tests live in testdata/<name>/*.txtar and run through package transformtest; the
+// verifier runs after every transform under go test.
 //
 // default.yaml, embedded in the binary, lists every transform with its stage, whether it is
 // enabled and its options; see LoadConfig for how overlays, files and --set flags layer on
