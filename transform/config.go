@@ -70,18 +70,13 @@ func (c *Config) Entry(name string) *Entry { return c.byName[name] }
 func LoadConfig(opts ConfigOptions) (*Config, error) {
 	layers := []layer{{name: "transform/default.yaml", data: defaultYAML}}
 	if opts.Arch != "" {
-		fsys := opts.Overlays
-		name := "overlays/" + opts.Arch + ".yaml"
+		fsys, name, src := opts.Overlays, "overlays/"+opts.Arch+".yaml", "overlays/"+opts.Arch+".yaml"
 		if fsys == nil {
-			fsys, name = builtinOverlays, "overlays/"+opts.Arch+".yaml"
+			fsys, src = builtinOverlays, "transform/"+name
 		}
 		data, err := fs.ReadFile(fsys, name)
 		switch {
 		case err == nil:
-			src := name
-			if opts.Overlays == nil {
-				src = "transform/" + name
-			}
 			layers = append(layers, layer{name: src, data: data})
 		case !errors.Is(err, fs.ErrNotExist):
 			return nil, fmt.Errorf("read overlay for %s: %w", opts.Arch, err)
