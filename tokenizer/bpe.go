@@ -24,6 +24,12 @@ type bpe struct {
 	byteIDs      [256]int
 
 	cache *wordCache
+
+	// byteLevelIDs maps each byte to the id of its ByteLevel character, if every byte has
+	// one (byteLevelOK); rawCache caches words given as raw bytes.
+	byteLevelIDs [256]int32
+	byteLevelOK  bool
+	rawCache     *wordCache
 }
 
 type bpeMerge struct{ rank, id int32 }
@@ -74,7 +80,8 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		fuseUnk:      cfg.FuseUnk,
 		byteFallback: cfg.ByteFallback,
 		ignoreMerges: cfg.IgnoreMerges,
-		cache:        newWordCache(),
+		cache:        newWordCache(cacheWords),
+		rawCache:     newWordCache(cacheWords),
 	}
 	for tok, id := range m.vocab {
 		if id < 0 || id > 1<<31-1 {
@@ -95,6 +102,12 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		if id, ok := m.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
 			m.byteIDs[b] = id
 		}
+	}
+	m.byteLevelOK = m.prefix == "" && m.suffix == ""
+	for b := range m.byteLevelIDs {
+		id, ok := m.vocab[byteToStr[b]]
+		m.byteLevelIDs[b] = int32(id)
+		m.byteLevelOK = m.byteLevelOK && ok
 	}
 	for rank, r := range cfg.Merges {
 		a, b, err := parseMerge(r)
@@ -156,6 +169,34 @@ func (m *bpe) tokenize(word string, dst []int) ([]int, error) {
 	return dst, nil
 }
 
+// tokenizeByteLevel appends the ids of a word given as raw bytes, each standing for its
+// ByteLevel character. It gives the same ids as tokenize(byteLevelEncode(word)).
+func (m *bpe) tokenizeByteLevel(word string, dst []int) ([]int, error) {
+	if !m.byteLevelOK {
+		return m.tokenize(byteLevelEncode(word), dst)
+	}
+	if ids, ok := m.rawCache.get(word); ok {
+		return append(dst, ids...), nil
+	}
+	start := len(dst)
+	if m.ignoreMerges {
+		if id, ok := m.vocab[byteLevelEncode(word)]; ok {
+			dst = append(dst, id)
+			m.rawCache.put(word, dst[start:])
+			return dst, nil
+		}
+	}
+	sc := scratchPool.Get().(*bpeScratch)
+	syms := sc.syms[:0]
+	for i := 0; i < len(word); i++ {
+		syms = append(syms, bpeSymbol{id: m.byteLevelIDs[word[i]], prev: int32(i - 1), next: int32(i + 1)})
+	}
+	dst = m.merge(sc, syms, dst)
+	scratchPool.Put(sc)
+	m.rawCache.put(word, dst[start:])
+	return dst, nil
+}
+
 type bpeSymbol struct {
 	id         int32
 	prev, next int32
@@ -170,8 +211,7 @@ type bpeScratch struct {
 var scratchPool = sync.Pool{New: func() any { return new(bpeScratch) }}
 
 // mergeWord splits word into characters, maps them to ids (with byte fallback or unk for
-// characters outside the vocabulary) and applies the merges, lowest rank first and leftmost
-// first among equal ranks, as Hugging Face's BPE does.
+// characters outside the vocabulary) and applies the merges.
 func (m *bpe) mergeWord(word string, dst []int) ([]int, error) {
 	sc := scratchPool.Get().(*bpeScratch)
 	defer scratchPool.Put(sc)
@@ -213,6 +253,7 @@ func (m *bpe) mergeWord(word string, dst []int) ([]int, error) {
 		if unkID < 0 {
 			id, ok := m.vocab[m.unkToken]
 			if !ok {
+				sc.syms = syms
 				return dst, fmt.Errorf("unk_token %q is not in the vocabulary", m.unkToken)
 			}
 			unkID = id
@@ -223,12 +264,21 @@ func (m *bpe) mergeWord(word string, dst []int) ([]int, error) {
 		unkPending = true
 	}
 	flushUnk()
+	return m.merge(sc, syms, dst), nil
+}
+
+// merge applies the merges to syms, lowest rank first and leftmost first among equal ranks,
+// as Hugging Face's BPE does, and appends the resulting ids to dst. syms must be linked in
+// order (prev = i-1, next = i+1).
+func (m *bpe) merge(sc *bpeScratch, syms []bpeSymbol, dst []int) []int {
+	sc.syms = syms
 	if len(syms) == 0 {
-		sc.syms = syms
-		return dst, nil
+		return dst
 	}
 	syms[len(syms)-1].next = -1
-
+	if len(syms) == 1 {
+		return append(dst, int(syms[0].id))
+	}
 	// Priority queue of candidate merges, keyed rank<<32 | position.
 	h := sc.heap[:0]
 	push := func(pos int32) {
@@ -270,8 +320,8 @@ func (m *bpe) mergeWord(word string, dst []int) ([]int, error) {
 	for i := int32(0); i >= 0; i = syms[i].next {
 		dst = append(dst, int(syms[i].id))
 	}
-	sc.syms, sc.heap = syms, h
-	return dst, nil
+	sc.heap = h
+	return dst
 }
 
 func (m *bpe) hasBytes(s string) bool {
@@ -321,8 +371,9 @@ func heapPop(h []uint64) (uint64, []uint64) {
 // wordCache remembers the ids of recently tokenized words. It is safe for concurrent use and
 // stops growing at a fixed size, as Hugging Face's BPE cache does.
 type wordCache struct {
-	seed   maphash.Seed
-	shards [32]cacheShard
+	seed     maphash.Seed
+	shardCap int
+	shards   [32]cacheShard
 }
 
 type cacheShard struct {
@@ -331,12 +382,12 @@ type cacheShard struct {
 }
 
 const (
-	cacheShardCap = 10000 / 32 * 4 // about 40k words in all
-	cacheMaxWord  = 256            // longer words are not cached
+	cacheWords   = 40000 // words kept in all
+	cacheMaxWord = 256   // longer words are not cached
 )
 
-func newWordCache() *wordCache {
-	c := &wordCache{seed: maphash.MakeSeed()}
+func newWordCache(words int) *wordCache {
+	c := &wordCache{seed: maphash.MakeSeed(), shardCap: words / 32}
 	for i := range c.shards {
 		c.shards[i].m = make(map[string][]int)
 	}
@@ -364,7 +415,7 @@ func (c *wordCache) put(w string, ids []int) {
 	}
 	sh := c.shard(w)
 	sh.mu.Lock()
-	if len(sh.m) < cacheShardCap {
+	if len(sh.m) < c.shardCap {
 		sh.m[strings.Clone(w)] = append([]int(nil), ids...)
 	}
 	sh.mu.Unlock()

@@ -8,10 +8,13 @@ import "unicode/utf8"
 var (
 	byteToRune [256]rune
 	byteToStr  [256]string
-	runeToByte = map[rune]byte{}
+	runeToByte [324]int16 // -1 for characters outside the table
 )
 
 func init() {
+	for i := range runeToByte {
+		runeToByte[i] = -1
+	}
 	n := 0
 	for b := 0; b < 256; b++ {
 		var r rune
@@ -24,8 +27,16 @@ func init() {
 		}
 		byteToRune[b] = r
 		byteToStr[b] = string(r)
-		runeToByte[r] = byte(b)
+		runeToByte[r] = int16(b)
 	}
+}
+
+// byteOfRune returns the byte that ByteLevel character r stands for.
+func byteOfRune(r rune) (byte, bool) {
+	if r < 0 || int(r) >= len(runeToByte) || runeToByte[r] < 0 {
+		return 0, false
+	}
+	return byte(runeToByte[r]), true
 }
 
 // byteLevelEncode maps every byte of s to its ByteLevel character.

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -392,5 +393,32 @@ func TestPostProcessors(t *testing.T) {
 				t.Errorf("Encode(x, false) = %v, %v; want [2]", got, err)
 			}
 		})
+	}
+}
+
+// TestByteLevelFastPath checks that tokenizing raw bytes equals tokenizing their ByteLevel
+// characters, with and without ignore_merges.
+func TestByteLevelFastPath(t *testing.T) {
+	tok, err := LoadDir("../testdata/tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, ignore := range []bool{false, true} {
+		tok.model.ignoreMerges = ignore
+		for range 2000 {
+			w := randomText(r, 1+r.IntN(8))
+			want, err1 := tok.model.mergeWord(byteLevelEncode(w), nil)
+			if ignore {
+				if id, ok := tok.model.vocab[byteLevelEncode(w)]; ok {
+					want = []int{id}
+				}
+			}
+			got, err2 := tok.model.tokenizeByteLevel(w, nil)
+			if err1 != nil || err2 != nil || !slices.Equal(got, want) {
+				t.Fatalf("ignore_merges=%v %q: got %v (%v), want %v (%v)", ignore, w, got, err2, want, err1)
+			}
+		}
+		tok.model.rawCache = newWordCache(cacheWords)
 	}
 }

@@ -233,7 +233,7 @@ func (b *byteLevelStage) token(t string, out []frag) []frag {
 	n := len(b.pending)
 	ok := true
 	for _, r := range t {
-		c, in := runeToByte[r]
+		c, in := byteOfRune(r)
 		if !in {
 			ok = false
 			break
@@ -445,6 +445,9 @@ func (st *stripStream) push(f frag, out []frag) []frag {
 		st.leading = st.d.start
 		out = append(out, frag{})
 		st.anyToken = true
+	}
+	if st.leading == 0 && st.d.stop == 0 {
+		return append(out, frag{s: f.s, cont: true}) // nothing left to strip
 	}
 	st.sb.Reset()
 	for _, c := range f.s {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -14,6 +15,10 @@ type piece struct {
 	// first reports that the piece starts at offset 0 of the original input; Metaspace's
 	// prepend_scheme "first" adds its prefix only to such a piece.
 	first bool
+	// byteLevel reports that s still holds raw bytes that stand for their ByteLevel
+	// characters: the final ByteLevel pre-tokenizer leaves the mapping to the model, which
+	// then works on bytes directly (see deferByteLevel).
+	byteLevel bool
 }
 
 // A preTokenizer splits a normalized piece into the words that the model tokenizes one by one
@@ -164,8 +169,10 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) 
 type preTokenizerSeq []preTokenizer
 
 func (q preTokenizerSeq) preTokenize(p piece, dst []piece) ([]piece, error) {
-	cur := []piece{p}
-	var next []piece
+	sc := pieceScratch.Get().(*[2][]piece)
+	defer pieceScratch.Put(sc)
+	cur := append(sc[0][:0], p)
+	next := sc[1][:0]
 	var err error
 	for _, pt := range q {
 		next = next[:0]
@@ -176,7 +183,29 @@ func (q preTokenizerSeq) preTokenize(p piece, dst []piece) ([]piece, error) {
 		}
 		cur, next = next, cur
 	}
-	return append(dst, cur...), nil
+	dst = append(dst, cur...)
+	sc[0], sc[1] = cur[:0], next[:0]
+	return dst, nil
+}
+
+var pieceScratch = sync.Pool{New: func() any { return new([2][]piece) }}
+
+// deferByteLevel lets a ByteLevel pre-tokenizer that runs last leave its pieces as raw bytes
+// (piece.byteLevel), so that the model maps bytes to ids without building the mapped strings.
+// It returns pt, changed where that applies.
+func deferByteLevel(pt preTokenizer) preTokenizer {
+	switch p := pt.(type) {
+	case byteLevelPre:
+		p.deferMap = true
+		return p
+	case preTokenizerSeq:
+		if len(p) > 0 {
+			q := append(preTokenizerSeq(nil), p...)
+			q[len(q)-1] = deferByteLevel(q[len(q)-1])
+			return q
+		}
+	}
+	return pt
 }
 
 // matchSeg is one part of a string that a pattern cut up: a match or the gap between two.
@@ -263,7 +292,7 @@ func applyBehavior(p piece, segs []matchSeg, b behavior, dst []piece) []piece {
 		if pt.remove || pt.start == pt.end {
 			continue
 		}
-		dst = append(dst, piece{s: p.s[pt.start:pt.end], first: p.first && pt.start == 0})
+		dst = append(dst, piece{s: p.s[pt.start:pt.end], first: p.first && pt.start == 0, byteLevel: p.byteLevel})
 	}
 	return dst
 }
@@ -276,12 +305,33 @@ type splitPre struct {
 }
 
 func (sp splitPre) preTokenize(p piece, dst []piece) ([]piece, error) {
-	m, err := sp.pat.findAll(p.s, nil)
+	buf := spanScratch.Get().(*[]span)
+	defer spanScratch.Put(buf)
+	m, err := sp.pat.findAll(p.s, (*buf)[:0])
+	*buf = m
 	if err != nil {
 		return dst, err
 	}
+	if sp.b == isolated && !sp.invert {
+		// Matches and the gaps between them, each its own piece.
+		prev := 0
+		add := func(start, end int) {
+			if start < end {
+				dst = append(dst, piece{s: p.s[start:end], first: p.first && start == 0, byteLevel: p.byteLevel})
+			}
+		}
+		for _, sp := range m {
+			add(prev, sp.start)
+			add(sp.start, sp.end)
+			prev = sp.end
+		}
+		add(prev, len(p.s))
+		return dst, nil
+	}
 	return applyBehavior(p, segmentsFromMatches(p.s, m, sp.invert), sp.b, dst), nil
 }
+
+var spanScratch = sync.Pool{New: func() any { return new([]span) }}
 
 // runeSplitPre splits on every character for which is returns true, each such character
 // being one match.
@@ -349,10 +399,12 @@ func isPunctuation(r rune) bool {
 }
 
 // byteLevelPre is the ByteLevel pre-tokenizer: optional leading space, optional GPT-2 regex
-// split, then every byte mapped to its ByteLevel character.
+// split, then every byte mapped to its ByteLevel character. With deferMap the mapping is left
+// to the model (see deferByteLevel).
 type byteLevelPre struct {
 	addPrefixSpace bool
 	useRegex       bool
+	deferMap       bool
 }
 
 var gpt2Split = splitPre{scannerPattern{gpt2Pattern, scanGPT2}, isolated, false}
@@ -368,7 +420,11 @@ func (bl byteLevelPre) preTokenize(p piece, dst []piece) ([]piece, error) {
 		dst = append(dst, p)
 	}
 	for i := start; i < len(dst); i++ {
-		dst[i].s = byteLevelEncode(dst[i].s)
+		if bl.deferMap {
+			dst[i].byteLevel = true
+		} else {
+			dst[i].s = byteLevelEncode(dst[i].s)
+		}
 	}
 	return dst, nil
 }

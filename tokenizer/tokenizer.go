@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Tokenizer encodes text to token ids and decodes ids to text as the Hugging Face tokenizer
@@ -98,6 +99,9 @@ func parse(data []byte) (*Tokenizer, error) {
 	}
 	if t.pre, err = parsePreTokenizer(f.PreTokenizer, "pre_tokenizer"); err != nil {
 		return nil, err
+	}
+	if t.pre != nil {
+		t.pre = deferByteLevel(t.pre)
 	}
 	if t.post, err = parsePostProcessor(f.PostProcessor, "post_processor"); err != nil {
 		return nil, err
@@ -262,7 +266,12 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) (ids []int, err error) 
 			words = append(words, sg.piece)
 		}
 		for _, w := range words {
-			if ids, err = t.model.tokenize(w.s, ids); err != nil {
+			if w.byteLevel {
+				ids, err = t.model.tokenizeByteLevel(w.s, ids)
+			} else {
+				ids, err = t.model.tokenize(w.s, ids)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("tokenizer: encode: %w", err)
 			}
 		}
@@ -318,6 +327,11 @@ func (t *Tokenizer) Decode(ids []int, skipSpecial bool) (text string, err error)
 			text, err = "", fmt.Errorf("tokenizer: decode: internal error: %v", r)
 		}
 	}()
+	if len(t.decoders) == 1 {
+		if _, ok := t.decoders[0].(byteLevelDec); ok {
+			return t.decodeByteLevel(ids, skipSpecial)
+		}
+	}
 	chain := newDecodeChain(t.decoders)
 	var sb strings.Builder
 	for i, id := range ids {
@@ -332,6 +346,35 @@ func (t *Tokenizer) Decode(ids []int, skipSpecial bool) (text string, err error)
 	}
 	chain.flush(&sb)
 	return sb.String(), nil
+}
+
+// decodeByteLevel is Decode for the common lone ByteLevel decoder, without the stages: the
+// bytes of all tokens, then one lossy UTF-8 conversion.
+func (t *Tokenizer) decodeByteLevel(ids []int, skipSpecial bool) (string, error) {
+	buf := make([]byte, 0, 4*len(ids))
+	for i, id := range ids {
+		tok, ok := t.IDToken(id)
+		if !ok {
+			return "", fmt.Errorf("tokenizer: decode: ids[%d] = %d is not in the vocabulary (size %d)", i, id, t.VocabSize())
+		}
+		if skipSpecial && t.isSpecialToken(tok) {
+			continue
+		}
+		n := len(buf)
+		for _, r := range tok {
+			c, ok := byteOfRune(r)
+			if !ok { // not a ByteLevel token (an added token): its own bytes
+				buf = append(buf[:n], tok...)
+				break
+			}
+			buf = append(buf, c)
+		}
+	}
+	if utf8.Valid(buf) {
+		return string(buf), nil
+	}
+	out, _ := appendLossy(nil, buf, true)
+	return string(out), nil
 }
 
 func (t *Tokenizer) isSpecialToken(tok string) bool {
