@@ -111,7 +111,7 @@ type decodeChain struct {
 	a, b   []frag
 }
 
-func newDecodeChain(specs []decoderSpec) *decodeChain {
+func newDecodeChain(specs []decoderSpec, cleanup bool) *decodeChain {
 	c := &decodeChain{}
 	fragmented := false
 	for _, sp := range specs {
@@ -121,8 +121,30 @@ func newDecodeChain(specs []decoderSpec) *decodeChain {
 	}
 	if len(specs) == 0 {
 		c.stages = append(c.stages, &joinStage{})
+		fragmented = true
+	}
+	if cleanup {
+		c.stages = append(c.stages, &fuseStage{})
+		for _, r := range cleanupReplacements {
+			st, _ := replaceDec{literalPattern(r[0]), r[1]}.newStage(true)
+			c.stages = append(c.stages, st)
+		}
 	}
 	return c
+}
+
+// cleanupReplacements are transformers' clean_up_tokenization replacements, applied one after
+// the other to the whole decoded text.
+var cleanupReplacements = [][2]string{
+	{" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+	{" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"},
+}
+
+func cleanupText(s string) string {
+	for _, r := range cleanupReplacements {
+		s = strings.ReplaceAll(s, r[0], r[1])
+	}
+	return s
 }
 
 // push feeds one token and appends the text that can be emitted now to sb.

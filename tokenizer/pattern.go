@@ -22,6 +22,12 @@ type pattern interface {
 
 // replaceAll replaces each match of p in s with the literal repl.
 func replaceAllPattern(p pattern, s, repl string) (string, error) {
+	if lit, ok := p.(literalPattern); ok {
+		if lit == "" {
+			return s, nil
+		}
+		return strings.ReplaceAll(s, string(lit), repl), nil
+	}
 	m, err := p.findAll(s, nil)
 	if err != nil || len(m) == 0 {
 		return s, err

@@ -26,7 +26,7 @@ func SkipSpecialTokens() StreamOption { return func(s *Stream) { s.skipSpecial =
 // NewStream returns a streaming decoder. By default it keeps special tokens, as
 // Decode(ids, false).
 func (t *Tokenizer) NewStream(opts ...StreamOption) *Stream {
-	s := &Stream{t: t, chain: newDecodeChain(t.decoders)}
+	s := &Stream{t: t, chain: newDecodeChain(t.decoders, t.cleanup)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -57,6 +57,6 @@ func (s *Stream) Next(id int) (text string, err error) {
 func (s *Stream) Flush() string {
 	s.sb.Reset()
 	s.chain.flush(&s.sb)
-	s.chain = newDecodeChain(s.t.decoders)
+	s.chain = newDecodeChain(s.t.decoders, s.t.cleanup)
 	return s.sb.String()
 }

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -157,6 +158,46 @@ func TestStreamErrorsAndReuse(t *testing.T) {
 		sb.WriteString(st.Flush())
 		if sb.String() != "Hello" {
 			t.Errorf("stream = %q, want Hello", sb.String())
+		}
+	}
+}
+
+// TestCleanUpTokenizationSpaces checks transformers' clean_up_tokenization, turned on by
+// tokenizer_config.json, in Decode and in the stream.
+func TestCleanUpTokenizationSpaces(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		data, err := os.ReadFile(filepath.Join("../testdata/tiny-llama", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "tokenizer_config.json" {
+			data = []byte(strings.Replace(string(data), "{", `{"clean_up_tokenization_spaces": true,`, 1))
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const in, want = "Hello , world . I do n't know ' ' x ?", "Hello, world. I don't know'' x?"
+	for _, d := range []string{dir, "../testdata/tiny-llama2"} {
+		tok, err := LoadDir(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d == dir && !tok.cleanup {
+			t.Fatal("LoadDir did not read clean_up_tokenization_spaces")
+		}
+		tok.cleanup = true // tiny-llama2: the staged decoders, not the byte-level fast path
+		ids, err := tok.Encode(in, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tok.Decode(ids, false)
+		if err != nil || got != want {
+			t.Errorf("%s: Decode = %q, %v; want %q", d, got, err, want)
+		}
+		if s := strings.Join(streamAll(t, tok, ids), ""); s != want {
+			t.Errorf("%s: stream = %q, want %q", d, s, want)
 		}
 	}
 }

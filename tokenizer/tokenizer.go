@@ -29,6 +29,9 @@ type Tokenizer struct {
 	tokens  []string // id -> token; "" where hasID is false
 	hasID   []bool
 	special map[string]string // bos_token etc. from tokenizer_config.json
+	// cleanup applies transformers' clean_up_tokenization to decoded text
+	// (tokenizer_config.json's clean_up_tokenization_spaces).
+	cleanup bool
 }
 
 // file is the top level of tokenizer.json.
@@ -184,6 +187,11 @@ func (t *Tokenizer) applyConfig(data []byte) error {
 			t.special[name] = s
 		}
 	}
+	if raw, ok := cfg["clean_up_tokenization_spaces"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &t.cleanup); err != nil {
+			return fmt.Errorf("clean_up_tokenization_spaces: %w", err)
+		}
+	}
 	if raw, ok := cfg["added_tokens_decoder"]; ok && !isNull(raw) {
 		var dec map[string]AddedToken
 		if err := json.Unmarshal(raw, &dec); err != nil {
@@ -332,7 +340,7 @@ func (t *Tokenizer) Decode(ids []int, skipSpecial bool) (text string, err error)
 			return t.decodeByteLevel(ids, skipSpecial)
 		}
 	}
-	chain := newDecodeChain(t.decoders)
+	chain := newDecodeChain(t.decoders, t.cleanup)
 	var sb strings.Builder
 	for i, id := range ids {
 		tok, ok := t.IDToken(id)
@@ -370,11 +378,15 @@ func (t *Tokenizer) decodeByteLevel(ids []int, skipSpecial bool) (string, error)
 			buf = append(buf, c)
 		}
 	}
-	if utf8.Valid(buf) {
-		return string(buf), nil
+	out := string(buf)
+	if !utf8.Valid(buf) {
+		b, _ := appendLossy(nil, buf, true)
+		out = string(b)
 	}
-	out, _ := appendLossy(nil, buf, true)
-	return string(out), nil
+	if t.cleanup {
+		out = cleanupText(out)
+	}
+	return out, nil
 }
 
 func (t *Tokenizer) isSpecialToken(tok string) bool {
