@@ -11,19 +11,27 @@ import (
 	"github.com/loom-ml/loom/model"
 	_ "github.com/loom-ml/loom/model/all" // register every frontend
 	"github.com/loom-ml/loom/tensor"
+	"github.com/loom-ml/loom/transform"
 )
 
 // LoadOptions choose how a checkpoint becomes an executable.
 type LoadOptions struct {
 	// ActivationDType is the dtype activations are computed in (f32 when unset).
 	ActivationDType tensor.DType
+	// Optimize runs the transform pipeline over the plain graph; otherwise the plain graph runs.
+	Optimize bool
+	// Transforms configures the pipeline: extra YAML files, --set overrides, dumps, checks.
+	Transforms transform.Flags
 }
 
 // Model is a loaded checkpoint with its graph and executable.
 type Model struct {
 	*model.Model
-	Graph   *graph.Graph
-	Program *cpu.Program
+	// Graph is the graph that runs: the optimized one when an optimizer was given.
+	Graph *graph.Graph
+	// Transforms holds the optimizer's per-transform results (nil without an optimizer).
+	Transforms []transform.Result
+	Program    *cpu.Program
 }
 
 // Load opens the checkpoint in dir, builds its graph and compiles it for the CPU.
@@ -42,11 +50,34 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 		m.Close()
 		return nil, err
 	}
+	var results []transform.Result
+	if opts.Optimize {
+		g, results, err = Optimize(ctx, &opts.Transforms, m, g)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
 	prog, err := cpu.Compile(ctx, g, m.Checkpoint)
 	if err != nil {
 		m.Close()
 		return nil, fmt.Errorf("compile %s: %w", dir, err)
 	}
 	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "nodes", len(g.Nodes), "time", time.Since(start).Round(time.Millisecond))
-	return &Model{Model: m, Graph: g, Program: prog}, nil
+	return &Model{Model: m, Graph: g, Transforms: results, Program: prog}, nil
+}
+
+// Optimize runs the transform pipeline, configured by flags and the model's architecture
+// overlay, over a model's plain graph and returns the final graph.
+func Optimize(ctx context.Context, flags *transform.Flags, m *model.Model, g *graph.Graph) (*graph.Graph, []transform.Result, error) {
+	o, err := flags.Optimizer(m.Config.ModelType)
+	if err != nil {
+		return nil, nil, err
+	}
+	tc := &transform.Context{Arch: m.Config.ModelType, WorldSize: 1, Weights: m.Checkpoint, Logger: slog.Default()}
+	graphs, results, err := o.Run(ctx, tc, g)
+	if err != nil {
+		return nil, results, fmt.Errorf("optimize %s: %w", m.Dir, err)
+	}
+	return graphs[0], results, nil
 }

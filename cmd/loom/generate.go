@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/transform"
 )
 
 func newGenerateCmd() *cobra.Command {
@@ -18,6 +19,8 @@ func newGenerateCmd() *cobra.Command {
 		maxNew     int
 		asJSON     bool
 		withLogits bool
+		noOptimize bool
+		transforms transform.Flags
 	)
 	cmd := &cobra.Command{
 		Use:     "generate",
@@ -32,7 +35,7 @@ func newGenerateCmd() *cobra.Command {
 			if maxNew < 0 {
 				return fmt.Errorf("--max-new-tokens must be >= 0, got %d", maxNew)
 			}
-			m, err := engine.Load(cmd.Context(), dir, engine.LoadOptions{})
+			m, err := engine.Load(cmd.Context(), dir, engine.LoadOptions{Optimize: !noOptimize, Transforms: transforms})
 			if err != nil {
 				return err
 			}
@@ -74,6 +77,8 @@ func newGenerateCmd() *cobra.Command {
 	f.IntVar(&maxNew, "max-new-tokens", 16, "number of tokens to generate")
 	f.BoolVar(&asJSON, "json", false, `print one JSON object {"ids": [...], "logits": [...]} on stdout`)
 	f.BoolVar(&withLogits, "logits", false, "with --json: include the full-vocabulary logits of the last prompt position")
+	f.BoolVar(&noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline")
+	addTransformFlags(cmd, &transforms)
 	_ = cmd.MarkFlagRequired("model")
 	_ = cmd.MarkFlagRequired("prompt-ids")
 	return cmd

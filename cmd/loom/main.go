@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/loom-ml/loom/transform"
 )
 
 func main() {
@@ -33,11 +35,13 @@ func newRootCmd() *cobra.Command {
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
-			slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level})))
+			// One plain line per record (message, then key=value attributes): the optimizer's
+			// summary lines come out exactly as specified.
+			slog.SetDefault(slog.New(transform.NewLineHandler(cmd.ErrOrStderr(), level)))
 			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
-	root.AddCommand(newGenerateCmd(), newInspectCmd())
+	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd())
 	return root
 }

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/loom-ml/loom/graph"
 )
 
 // run executes the CLI in-process and returns stdout and stderr.
@@ -110,5 +113,71 @@ func TestInspect(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("inspect output lacks %q", want)
 		}
+	}
+}
+
+func TestCompile(t *testing.T) {
+	dump := t.TempDir()
+	out := filepath.Join(t.TempDir(), "final.txt")
+	_, stderr, err := run(t, "compile", "--model", filepath.Join("..", "..", "testdata", "tiny-llama"),
+		"--dump-graphs", dump, "--check", "-o", out, "--report-candidates",
+		"--set", "transforms.cleanup_cse.enabled=false")
+	if err != nil {
+		t.Fatalf("compile: %v\n%s", err, stderr)
+	}
+	lines := strings.Split(stderr, "\n")
+	summary := regexp.MustCompile(`^\[stage=[a-z_]+ transform=[a-z_]+\] \[SUMMARY\] (matches=\d+ \| time: [0-9.]+m?s|skipped|disabled)$`)
+	var summaries int
+	for _, l := range lines {
+		if strings.HasPrefix(l, "[stage=") {
+			summaries++
+			if !summary.MatchString(l) {
+				t.Errorf("summary line %q has the wrong form", l)
+			}
+		}
+	}
+	if summaries == 0 {
+		t.Fatalf("no summary lines on stderr:\n%s", stderr)
+	}
+	if !strings.Contains(stderr, "transform=cleanup_cse] [SUMMARY] disabled") {
+		t.Errorf("--set did not disable cleanup_cse:\n%s", stderr)
+	}
+	if !strings.Contains(stderr, "fusion candidates") {
+		t.Errorf("no candidate report:\n%s", stderr)
+	}
+	text, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := graph.Parse(string(text)); err != nil {
+		t.Errorf("the final graph text does not parse: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dump, "index.html")); err != nil {
+		t.Errorf("no index.html in the dump directory: %v", err)
+	}
+	for _, bad := range [][]string{
+		{"--set", "transforms.no_such_transform.enabled=false"},
+		{"--set", "transforms.cleanup_noop.cast=yes"},
+	} {
+		_, _, err := run(t, append([]string{"compile", "--model", filepath.Join("..", "..", "testdata", "tiny-llama")}, bad...)...)
+		if err == nil {
+			t.Errorf("compile %v should fail", bad)
+		}
+	}
+}
+
+// Generating with the optimized graph and the plain one gives the same tokens.
+func TestGenerateNoOptimize(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama31")
+	a, _, err := run(t, "generate", "--model", dir, "--prompt-ids", "0,5,17,42", "--max-new-tokens", "6", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := run(t, "generate", "--model", dir, "--prompt-ids", "0,5,17,42", "--max-new-tokens", "6", "--json", "--no-optimize")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Errorf("optimized %s != plain %s", a, b)
 	}
 }
