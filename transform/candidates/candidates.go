@@ -69,10 +69,10 @@ func Find(g *graph.Graph) []Candidate {
 		}
 	}
 	type group struct {
-		ops         []string
-		before      map[string]bool // GEMMs feeding the chain
-		after       map[string]bool // GEMMs the chain feeds
-		layer       int
+		ops    []string
+		before map[string]bool // GEMMs feeding the chain
+		after  map[string]bool // GEMMs the chain feeds
+		layer  int
 	}
 	groups := map[*graph.Node]*group{}
 	var order []*graph.Node
