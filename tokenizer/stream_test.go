@@ -4,9 +4,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // multiByte texts split characters across tokens in every fixture: emoji, CJK, combining marks.
@@ -200,4 +204,35 @@ func TestCleanUpTokenizationSpaces(t *testing.T) {
 			t.Errorf("%s: stream = %q, want %q", d, s, want)
 		}
 	}
+}
+
+// TestConcurrentUse encodes and decodes from many goroutines (run with -race).
+func TestConcurrentUse(t *testing.T) {
+	tok, err := LoadDir("../testdata/tiny-qwen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := append([]string{"Hello world", "The quick brown fox jumps over the lazy dog."}, multiByte...)
+	want := make([][]int, len(texts))
+	for i, s := range texts {
+		want[i], _ = tok.Encode(s, false)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				k := (g + i) % len(texts)
+				ids, err := tok.Encode(texts[k], false)
+				if err != nil || !slices.Equal(ids, want[k]) {
+					t.Errorf("Encode(%q) = %v, %v; want %v", texts[k], ids, err, want[k])
+					return
+				}
+				if s, err := tok.Decode(ids, false); err != nil || s != norm.NFC.String(texts[k]) {
+					t.Errorf("Decode = %q, %v", s, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
