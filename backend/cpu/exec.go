@@ -25,6 +25,7 @@ type Program struct {
 	outputs []int // slot of each graph output
 
 	params, paramBytes int // how many params were loaded, and their size
+	folded             int // how many nodes were evaluated at compile time
 
 	// onFree, when set (by tests), is told of every value a run releases.
 	onFree func(v *graph.Value)
@@ -42,6 +43,7 @@ type step struct {
 	in     []int // slots read
 	out    []int // slots written
 	free   []int // slots whose last use is this step
+	outs   []Out // the outputs' concrete types when they hold no symbol, else nil
 }
 
 // Graph returns the graph the program was compiled from. It must not be modified.
@@ -49,8 +51,12 @@ func (p *Program) Graph() *graph.Graph { return p.g }
 
 // Compile prepares g to run on the CPU. It verifies the graph, checks that every op has a
 // kernel (see Lookup), loads every param through w and evaluates every const node once.
-// w may be nil for a graph without params. The kernels are fixed at this point: a later
-// Register does not change a compiled program.
+// It also folds constants: every node whose inputs are all params or consts, directly or
+// through other such nodes, and whose outputs have constant shapes, is evaluated here once
+// (a fused GEMM's concat(w_q, w_k, w_v), say, becomes one contiguous weight), and the params
+// and intermediate values that only such nodes read are dropped, so the program holds each
+// weight once. w may be nil for a graph without params. The kernels are fixed at this point:
+// a later Register does not change a compiled program.
 func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, error) {
 	start := time.Now()
 	p, err := compile(ctx, g, w, Lookup)
@@ -58,7 +64,8 @@ func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, 
 		return nil, err
 	}
 	slog.Debug("cpu: compiled", "graph", g.Name, "nodes", len(g.Nodes), "steps", len(p.steps),
-		"params", p.params, "param_bytes", p.paramBytes, "elapsed", time.Since(start))
+		"params", p.params, "param_bytes", p.paramBytes, "folded", p.folded,
+		"held_bytes", p.WeightBytes(), "elapsed", time.Since(start))
 	return p, nil
 }
 
@@ -105,9 +112,20 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 	if err := checkSymbols(g); err != nil {
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 	}
+	// uses counts, per slot, the node inputs that read it, plus one if it is a graph output:
+	// a fixed value is dropped once every reader has been folded.
+	uses := make([]int, len(p.values))
+	for _, n := range g.Nodes {
+		for _, in := range n.Inputs {
+			uses[slot[in]]++
+		}
+	}
+	for _, o := range g.Outputs {
+		p.outputs = append(p.outputs, slot[o])
+		uses[slot[o]]++
+	}
 	for i, n := range g.Nodes {
-		switch n.Op {
-		case graph.OpParam:
+		if n.Op == graph.OpParam {
 			t, err := loadParam(ctx, n, w)
 			if err != nil {
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
@@ -115,32 +133,86 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 			p.fixed[slot[n.Out()]] = t
 			p.params++
 			p.paramBytes += t.Numel() * t.DType.Size()
-		case graph.OpConst:
-			o, err := resolveOuts(n, nil)
-			if err != nil {
-				return nil, fmt.Errorf("cpu: compile %s: %s: %w", g.Name, n, err)
-			}
-			res, err := runKernel(kernels[i], n, nil, o)
-			if err != nil {
+			continue
+		}
+		outs, constShapes := resolveOuts(n, nil)
+		if constShapes == nil && p.foldable(n, slot) {
+			if err := p.fold(ctx, n, kernels[i], outs, slot, uses); err != nil {
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 			}
-			p.fixed[slot[n.Out()]] = res[0]
-		default:
-			st := step{node: n, kernel: kernels[i]}
-			for _, in := range n.Inputs {
-				st.in = append(st.in, slot[in])
-			}
-			for _, o := range n.Outputs {
-				st.out = append(st.out, slot[o])
-			}
-			p.steps = append(p.steps, st)
+			continue
 		}
+		st := step{node: n, kernel: kernels[i]}
+		if constShapes == nil {
+			st.outs = outs
+		}
+		for _, in := range n.Inputs {
+			st.in = append(st.in, slot[in])
+		}
+		for _, o := range n.Outputs {
+			st.out = append(st.out, slot[o])
+		}
+		p.steps = append(p.steps, st)
 	}
-	for _, o := range g.Outputs {
-		p.outputs = append(p.outputs, slot[o])
+	for s, u := range uses {
+		if u == 0 {
+			p.fixed[s] = nil // a param nobody reads
+		}
 	}
 	p.planFrees()
 	return p, nil
+}
+
+// foldable reports whether every input of n is already a fixed value (a param, a const or
+// a folded node). Nodes without inputs other than params (const, iota) are foldable too.
+func (p *Program) foldable(n *graph.Node, slot map[*graph.Value]int) bool {
+	for _, in := range n.Inputs {
+		if p.fixed[slot[in]] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// fold evaluates n at compile time, stores its outputs as fixed values and drops the fixed
+// inputs that no other node or graph output reads.
+func (p *Program) fold(ctx context.Context, n *graph.Node, k Kernel, outs []Out, slot map[*graph.Value]int, uses []int) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("fold %s: %w", n, err)
+	}
+	in := make([]*tensor.Tensor, len(n.Inputs))
+	for j, v := range n.Inputs {
+		in[j] = p.fixed[slot[v]]
+	}
+	res, err := runKernel(k, n, in, outs)
+	if err != nil {
+		return err
+	}
+	for j, o := range n.Outputs {
+		p.fixed[slot[o]] = res[j]
+	}
+	for _, v := range n.Inputs {
+		s := slot[v]
+		if uses[s]--; uses[s] == 0 {
+			p.fixed[s] = nil
+		}
+	}
+	if n.Op != graph.OpConst {
+		p.folded++
+	}
+	return nil
+}
+
+// WeightBytes is the size in bytes of the tensors the program holds between runs: loaded
+// params, consts and values folded at compile time, less what folding dropped.
+func (p *Program) WeightBytes() int {
+	total := 0
+	for _, t := range p.fixed {
+		if t != nil {
+			total += t.Numel() * t.DType.Size()
+		}
+	}
+	return total
 }
 
 // planFrees records on each step the slots it reads for the last time. Graph outputs and
@@ -275,15 +347,19 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 	if err != nil {
 		return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)
 	}
+	var scratch []*tensor.Tensor // kernel inputs, reused from step to step
 	for _, st := range p.steps {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("cpu: run %s: before %s: %w", p.g.Name, st.node, err)
 		}
-		outs, err := resolveOuts(st.node, env)
-		if err != nil {
-			return nil, fmt.Errorf("cpu: run %s: %s: %w", p.g.Name, st.node, err)
+		outs := st.outs
+		if outs == nil {
+			if outs, err = resolveOuts(st.node, env); err != nil {
+				return nil, fmt.Errorf("cpu: run %s: %s: %w", p.g.Name, st.node, err)
+			}
 		}
-		in := make([]*tensor.Tensor, len(st.in))
+		scratch = slices.Grow(scratch[:0], len(st.in))
+		in := scratch[:len(st.in)]
 		for i, s := range st.in {
 			if in[i] = vals[s]; in[i] == nil {
 				return nil, fmt.Errorf("cpu: run %s: %s: input %d was released early (internal error)", p.g.Name, st.node, i)

@@ -1,0 +1,339 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Fast matrix products. Both sum every output in float32 in the order of the inner index
+// with one accumulator, like the reference kernels; the speed comes from computing several
+// outputs at once (independent accumulators that share their loads), widening bf16 inline
+// and splitting the work over the shared worker pool. Without fused multiply-add (the
+// default GOAMD64=v1 build) they give the reference kernels' bits.
+
+// f32Pool recycles float32 scratch buffers (widened activations, weight rows).
+var f32Pool sync.Pool
+
+// getF32 returns a scratch slice of n float32s (contents undefined); give it back with putF32.
+func getF32(n int) *[]float32 {
+	if p, ok := f32Pool.Get().(*[]float32); ok && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]float32, n)
+	return &s
+}
+
+func putF32(p *[]float32) { f32Pool.Put(p) }
+
+// widenInto returns t's elements as float32: t's storage for f32, else t widened into a
+// pooled buffer, returned as the second result (nil when nothing was borrowed).
+func widenInto(t *tensor.Tensor) ([]float32, *[]float32) {
+	if t.DType == tensor.F32 {
+		return t.F32, nil
+	}
+	p := getF32(t.Numel())
+	widen(*p, t, 0)
+	return *p, p
+}
+
+// widen writes len(dst) elements of the float tensor t, from flat offset off, to dst.
+func widen(dst []float32, t *tensor.Tensor, off int) {
+	switch t.DType {
+	case tensor.F32:
+		copy(dst, t.F32[off:off+len(dst)])
+	case tensor.BF16:
+		src := t.Half[off : off+len(dst)]
+		for i, h := range src {
+			dst[i] = math.Float32frombits(uint32(h) << 16)
+		}
+	case tensor.F16:
+		src := t.Half[off : off+len(dst)]
+		for i, h := range src {
+			dst[i] = tensor.F16ToF32(h)
+		}
+	}
+}
+
+// fastLinear: x[...,K] (f32, bf16 or f16) @ w[N,K]^T (bf16, f16 or f32) -> out[...,N] in x's
+// dtype. The weight rows are split over the worker pool in groups of four; each group is read
+// from memory once and kept in cache while it meets every row of x, four rows of x at a time
+// (or, for the last M%4 rows, four weight rows at a time). bf16 weights are widened inline
+// with a shift; f16 weights are widened one group at a time into a per-worker buffer.
+func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	if err := checkArgs(n, in, out, 2, 1); err != nil {
+		return nil, err
+	}
+	x, w, o := in[0], in[1], out[0]
+	if len(w.Shape) != 2 || len(x.Shape) < 1 {
+		return nil, fmt.Errorf("linear needs x of rank >= 1 and a 2-D weight, got %v and %v", x.Shape, w.Shape)
+	}
+	if !x.DType.IsFloat() || !w.DType.IsFloat() || !o.DType.IsFloat() {
+		return nil, fmt.Errorf("linear needs float operands and result, got %s, %s -> %s", x.DType, w.DType, o.DType)
+	}
+	N, K := w.Shape[0], w.Shape[1]
+	rx := len(x.Shape)
+	if x.Shape[rx-1] != K {
+		return nil, fmt.Errorf("x's last dimension %d differs from the weight's input dimension %d", x.Shape[rx-1], K)
+	}
+	if err := checkShape(append(slices.Clone(x.Shape[:rx-1]), N), o); err != nil {
+		return nil, err
+	}
+	M := tensor.Numel(x.Shape[:rx-1])
+	res := make([]float32, M*N)
+	if M > 0 && N > 0 && K > 0 {
+		xs, buf := widenInto(x)
+		gemmRows(res, xs, w, M, N, K, 0, N)
+		if buf != nil {
+			putF32(buf)
+		}
+	}
+	return []*tensor.Tensor{fromF32(res, o)}, nil
+}
+
+// gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j in [lo, hi), over the
+// worker pool: x is f32 [M,K], w a float tensor [N,K].
+func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K, lo, hi int) {
+	parallel(hi-lo, grainFor(hi-lo, M*K, 4), func(a, b int) {
+		var wbuf *[]float32
+		if w.DType == tensor.F16 {
+			wbuf = getF32(4 * K)
+			defer putF32(wbuf)
+		}
+		for j := lo + a; j < lo+b; j += 4 {
+			jb := min(4, lo+b-j)
+			switch w.DType {
+			case tensor.BF16:
+				var rows [4][]uint16
+				for r := range jb {
+					rows[r] = w.Half[(j+r)*K : (j+r+1)*K]
+				}
+				gemmGroupBF16(res, xs, rows[:jb], M, N, K, j)
+			case tensor.F32:
+				var rows [4][]float32
+				for r := range jb {
+					rows[r] = w.F32[(j+r)*K : (j+r+1)*K]
+				}
+				gemmGroupF32(res, xs, rows[:jb], M, N, K, j)
+			default: // f16: widen the group once
+				var rows [4][]float32
+				for r := range jb {
+					rows[r] = (*wbuf)[r*K : (r+1)*K]
+					widen(rows[r], w, (j+r)*K)
+				}
+				gemmGroupF32(res, xs, rows[:jb], M, N, K, j)
+			}
+		}
+	})
+}
+
+// gemmGroupBF16 computes the outputs of up to four consecutive bf16 weight rows, the first
+// being row j, for every row of x.
+func gemmGroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
+	m := 0
+	for ; m+4 <= M; m += 4 {
+		x0, x1, x2, x3 := xs[m*K:(m+1)*K], xs[(m+1)*K:(m+2)*K], xs[(m+2)*K:(m+3)*K], xs[(m+3)*K:(m+4)*K]
+		for r, wr := range rows {
+			s0, s1, s2, s3 := dot4x1BF16(x0, x1, x2, x3, wr)
+			res[m*N+j+r], res[(m+1)*N+j+r], res[(m+2)*N+j+r], res[(m+3)*N+j+r] = s0, s1, s2, s3
+		}
+	}
+	for ; m < M; m++ {
+		xr := xs[m*K : (m+1)*K]
+		if len(rows) == 4 {
+			s0, s1, s2, s3 := dot1x4BF16(xr, rows[0], rows[1], rows[2], rows[3])
+			res[m*N+j], res[m*N+j+1], res[m*N+j+2], res[m*N+j+3] = s0, s1, s2, s3
+			continue
+		}
+		for r, wr := range rows {
+			res[m*N+j+r] = dot1x1BF16(xr, wr)
+		}
+	}
+}
+
+// gemmGroupF32 is gemmGroupBF16 for f32 weight rows.
+func gemmGroupF32(res, xs []float32, rows [][]float32, M, N, K, j int) {
+	m := 0
+	for ; m+4 <= M; m += 4 {
+		x0, x1, x2, x3 := xs[m*K:(m+1)*K], xs[(m+1)*K:(m+2)*K], xs[(m+2)*K:(m+3)*K], xs[(m+3)*K:(m+4)*K]
+		for r, wr := range rows {
+			s0, s1, s2, s3 := dot4x1F32(x0, x1, x2, x3, wr)
+			res[m*N+j+r], res[(m+1)*N+j+r], res[(m+2)*N+j+r], res[(m+3)*N+j+r] = s0, s1, s2, s3
+		}
+	}
+	for ; m < M; m++ {
+		xr := xs[m*K : (m+1)*K]
+		if len(rows) == 4 {
+			s0, s1, s2, s3 := dot1x4F32(xr, rows[0], rows[1], rows[2], rows[3])
+			res[m*N+j], res[m*N+j+1], res[m*N+j+2], res[m*N+j+3] = s0, s1, s2, s3
+			continue
+		}
+		for r, wr := range rows {
+			res[m*N+j+r] = dot(xr, wr)
+		}
+	}
+}
+
+// bf16 widens a bfloat16 bit pattern: the 16 bits are the top half of the float32.
+func bf16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// The micro-kernels below keep one float32 accumulator per output (summing in k order) and
+// at most about ten live floats, which is what the Go compiler keeps in registers.
+
+// dot4x1BF16 returns x0·w, x1·w, x2·w, x3·w for four f32 rows and one bf16 row of one length.
+func dot4x1BF16(x0, x1, x2, x3 []float32, w []uint16) (s0, s1, s2, s3 float32) {
+	n := len(w)
+	x0, x1, x2, x3 = x0[:n], x1[:n], x2[:n], x3[:n]
+	for k, h := range w {
+		u := bf16(h)
+		s0 += x0[k] * u
+		s1 += x1[k] * u
+		s2 += x2[k] * u
+		s3 += x3[k] * u
+	}
+	return
+}
+
+// dot1x4BF16 returns x·w0, x·w1, x·w2, x·w3 for one f32 row and four bf16 rows.
+func dot1x4BF16(x []float32, w0, w1, w2, w3 []uint16) (s0, s1, s2, s3 float32) {
+	n := len(x)
+	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
+	for k, v := range x {
+		s0 += v * bf16(w0[k])
+		s1 += v * bf16(w1[k])
+		s2 += v * bf16(w2[k])
+		s3 += v * bf16(w3[k])
+	}
+	return
+}
+
+// dot1x1BF16 returns x·w for an f32 row and a bf16 row.
+func dot1x1BF16(x []float32, w []uint16) (s float32) {
+	w = w[:len(x)]
+	for k, v := range x {
+		s += v * bf16(w[k])
+	}
+	return
+}
+
+// dot4x1F32 is dot4x1BF16 for an f32 weight row.
+func dot4x1F32(x0, x1, x2, x3, w []float32) (s0, s1, s2, s3 float32) {
+	n := len(w)
+	x0, x1, x2, x3 = x0[:n], x1[:n], x2[:n], x3[:n]
+	for k, u := range w {
+		s0 += x0[k] * u
+		s1 += x1[k] * u
+		s2 += x2[k] * u
+		s3 += x3[k] * u
+	}
+	return
+}
+
+// dot1x4F32 is dot1x4BF16 for f32 weight rows.
+func dot1x4F32(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32) {
+	n := len(x)
+	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
+	for k, v := range x {
+		s0 += v * w0[k]
+		s1 += v * w1[k]
+		s2 += v * w2[k]
+		s3 += v * w3[k]
+	}
+	return
+}
+
+// fastMatmul: a[...,M,K] @ b[...,K,N] -> out[...,M,N], batch dimensions broadcast. Floats:
+// both operands are widened to float32 once (f32 storage is used as is) and every output row
+// is computed eight columns at a time with register accumulators, summing in k order; rows
+// are split over the worker pool. Integer products go to the reference kernel.
+func fastMatmul(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	if err := checkArgs(n, in, out, 2, 1); err != nil {
+		return nil, err
+	}
+	a, b, o := in[0], in[1], out[0]
+	if !o.DType.IsFloat() || !a.DType.IsFloat() || !b.DType.IsFloat() {
+		return matmul(n, in, out)
+	}
+	ra, rb := len(a.Shape), len(b.Shape)
+	if ra < 2 || rb < 2 {
+		return nil, fmt.Errorf("matmul needs rank >= 2, got %v and %v", a.Shape, b.Shape)
+	}
+	M, K, N := a.Shape[ra-2], a.Shape[ra-1], b.Shape[rb-1]
+	if b.Shape[rb-2] != K {
+		return nil, fmt.Errorf("inner dimensions differ: %v @ %v", a.Shape, b.Shape)
+	}
+	batch, err := broadcastShapes(a.Shape[:ra-2], b.Shape[:rb-2])
+	if err != nil {
+		return nil, err
+	}
+	if err := checkShape(append(slices.Clone(batch), M, N), o); err != nil {
+		return nil, err
+	}
+	nb := tensor.Numel(batch)
+	aOff, bOff := make([]int, nb), make([]int, nb)
+	sa, err := broadcastStrides(a.Shape[:ra-2], batch)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := broadcastStrides(b.Shape[:rb-2], batch)
+	if err != nil {
+		return nil, err
+	}
+	walk(batch, [][]int{sa, sb}, []int{0, 0}, func(i int, off []int) {
+		aOff[i], bOff[i] = off[0]*M*K, off[1]*K*N
+	})
+	rows := nb * M
+	res := make([]float32, rows*N)
+	if rows == 0 || N == 0 || K == 0 {
+		return []*tensor.Tensor{fromF32(res, o)}, nil
+	}
+	av, abuf := widenInto(a)
+	bv, bbuf := widenInto(b)
+	parallel(rows, grainFor(rows, K*N, 1), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			bi, m := r/M, r%M
+			matmulRow(res[r*N:(r+1)*N], av[aOff[bi]+m*K:aOff[bi]+(m+1)*K], bv[bOff[bi]:bOff[bi]+K*N])
+		}
+	})
+	if abuf != nil {
+		putF32(abuf)
+	}
+	if bbuf != nil {
+		putF32(bbuf)
+	}
+	return []*tensor.Tensor{fromF32(res, o)}, nil
+}
+
+// matmulRow sets dst[j] = sum over k of x[k]*b[k*N+j], for b [K,N] with N = len(dst).
+func matmulRow(dst, x, b []float32) {
+	N := len(dst)
+	j := 0
+	for ; j+8 <= N; j += 8 {
+		var s0, s1, s2, s3, s4, s5, s6, s7 float32
+		for k, v := range x {
+			br := b[k*N+j : k*N+j+8]
+			s0 += v * br[0]
+			s1 += v * br[1]
+			s2 += v * br[2]
+			s3 += v * br[3]
+			s4 += v * br[4]
+			s5 += v * br[5]
+			s6 += v * br[6]
+			s7 += v * br[7]
+		}
+		d := dst[j : j+8]
+		d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7] = s0, s1, s2, s3, s4, s5, s6, s7
+	}
+	for ; j < N; j++ {
+		var s float32
+		for k, v := range x {
+			s += v * b[k*N+j]
+		}
+		dst[j] = s
+	}
+}
