@@ -42,6 +42,6 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
-	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd())
+	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd(), newSynthCmd())
 	return root
 }

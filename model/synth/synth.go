@@ -1,0 +1,210 @@
+// Package synth writes random-weight checkpoints in Hugging Face format for named model
+// shapes, so benchmarks run without downloads. The tensors written are exactly the params of
+// the graph that Loom's frontend builds for the config, so a synthesized checkpoint always
+// loads.
+package synth
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/model"
+	_ "github.com/loom-ml/loom/model/all" // frontends
+	"github.com/loom-ml/loom/model/safetensors"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Shape is a named model configuration: the config.json fields Loom reads.
+type Shape struct {
+	Name   string
+	Config map[string]any
+	Chat   string // chat template style: "llama3" or "chatml"
+}
+
+func llama3(name string, vocab, hidden, inter, layers, heads, kv int, factor float64, tie bool) Shape {
+	return Shape{Name: name, Chat: "llama3", Config: map[string]any{
+		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
+		"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+		"num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+		"head_dim": hidden / heads, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+		"hidden_act": "silu", "tie_word_embeddings": tie, "dtype": "bfloat16",
+		"bos_token_id": 128000, "eos_token_id": 128009,
+		"rope_parameters": map[string]any{"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor,
+			"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+	}}
+}
+
+// Shapes lists the shapes synth knows, by name.
+var Shapes = map[string]Shape{
+	"llama-3.2-1b": llama3("llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 32, true),
+	"llama-3.2-3b": llama3("llama-3.2-3b", 128256, 3072, 8192, 28, 24, 8, 32, true),
+	"llama-3.1-8b": llama3("llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 8, false),
+	"qwen2.5-0.5b": {Name: "qwen2.5-0.5b", Chat: "chatml", Config: map[string]any{
+		"architectures": []string{"Qwen2ForCausalLM"}, "model_type": "qwen2",
+		"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+		"num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+		"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+		"tie_word_embeddings": true, "dtype": "bfloat16", "use_sliding_window": false,
+		"bos_token_id": 151643, "eos_token_id": 151645,
+		"rope_parameters": map[string]any{"rope_type": "default", "rope_theta": 1000000.0},
+	}},
+}
+
+// Names lists the known shape names, sorted.
+func Names() []string {
+	var out []string
+	for n := range Shapes {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Options adjust a synthesized checkpoint.
+type Options struct {
+	// Layers overrides num_hidden_layers when > 0 (smaller models for quick runs).
+	Layers int
+	// Seed selects the random weights.
+	Seed uint64
+	// ShardBytes caps the size of one safetensors file (default 4 GB); larger checkpoints are
+	// written as shards with a model.safetensors.index.json.
+	ShardBytes int64
+}
+
+// Write creates dir and writes config.json, generation_config.json, the weights and a
+// byte-level tokenizer (every byte a token, no merges, plus the shape's special tokens).
+func Write(ctx context.Context, name, dir string, opts Options) error {
+	shape, ok := Shapes[name]
+	if !ok {
+		return fmt.Errorf("unknown model shape %q; known: %s", name, strings.Join(Names(), ", "))
+	}
+	cfgMap := map[string]any{}
+	for k, v := range shape.Config {
+		cfgMap[k] = v
+	}
+	if opts.Layers > 0 {
+		cfgMap["num_hidden_layers"] = opts.Layers
+	}
+	cfgJSON, err := json.MarshalIndent(cfgMap, "", "  ")
+	if err != nil {
+		return err
+	}
+	cfg, err := model.ParseConfig(cfgJSON, name+" config")
+	if err != nil {
+		return err
+	}
+	g, err := model.BuildGraph(cfg, model.BuildOptions{})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o644); err != nil {
+		return err
+	}
+	gen, _ := json.MarshalIndent(map[string]any{"bos_token_id": cfgMap["bos_token_id"], "eos_token_id": cfgMap["eos_token_id"]}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), gen, 0o644); err != nil {
+		return err
+	}
+	if err := writeTokenizer(dir, shape, cfg); err != nil {
+		return err
+	}
+	return writeWeights(ctx, dir, g, opts)
+}
+
+// writeWeights writes every param of g with random values: matrices ~U(-a, a) with a giving
+// a standard deviation of 0.02, norm weights 1, biases small.
+func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options) error {
+	limit := opts.ShardBytes
+	if limit <= 0 {
+		limit = 4 << 30
+	}
+	var shards [][]safetensors.Entry
+	var cur []safetensors.Entry
+	var size int64
+	rng := opts.Seed*0x9E3779B97F4A7C15 + 1
+	for _, n := range g.Params() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ref, err := graph.ParamOf(n)
+		if err != nil {
+			return err
+		}
+		numel := tensor.Numel(ref.Shape)
+		data := make([]byte, numel*ref.DType.Size())
+		switch {
+		case strings.HasSuffix(ref.Key, "norm.weight"):
+			fill(data, ref.DType, func() float32 { return 1 })
+		case len(ref.Shape) == 1:
+			fill(data, ref.DType, func() float32 { rng = xorshift(rng); return uniform(rng) * 0.02 })
+		default:
+			a := float32(0.02 * math.Sqrt(3))
+			fill(data, ref.DType, func() float32 { rng = xorshift(rng); return uniform(rng) * a })
+		}
+		st, ok := safetensors.FromTensor(ref.DType)
+		if !ok {
+			return fmt.Errorf("param %s: dtype %s cannot be written", ref.Key, ref.DType)
+		}
+		if size > 0 && size+int64(len(data)) > limit {
+			shards, cur, size = append(shards, cur), nil, 0
+		}
+		cur = append(cur, safetensors.Entry{Name: ref.Key, DType: st, Shape: ref.Shape, Data: data})
+		size += int64(len(data))
+	}
+	shards = append(shards, cur)
+	meta := map[string]string{"format": "pt"}
+	if len(shards) == 1 {
+		return safetensors.WriteEntries(filepath.Join(dir, model.SingleFile), shards[0], meta)
+	}
+	weightMap := map[string]string{}
+	var total int64
+	for i, entries := range shards {
+		file := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		if err := safetensors.WriteEntries(filepath.Join(dir, file), entries, meta); err != nil {
+			return err
+		}
+		for _, e := range entries {
+			weightMap[e.Name] = file
+			total += int64(len(e.Data))
+		}
+	}
+	index, _ := json.MarshalIndent(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}, "", "  ")
+	return os.WriteFile(filepath.Join(dir, model.IndexFile), index, 0o644)
+}
+
+func fill(data []byte, dt tensor.DType, next func() float32) {
+	switch dt {
+	case tensor.BF16:
+		for i := 0; i < len(data); i += 2 {
+			binary.LittleEndian.PutUint16(data[i:], tensor.F32ToBF16(next()))
+		}
+	case tensor.F16:
+		for i := 0; i < len(data); i += 2 {
+			binary.LittleEndian.PutUint16(data[i:], tensor.F32ToF16(next()))
+		}
+	case tensor.F32:
+		for i := 0; i < len(data); i += 4 {
+			binary.LittleEndian.PutUint32(data[i:], math.Float32bits(next()))
+		}
+	}
+}
+
+func xorshift(x uint64) uint64 {
+	x ^= x << 13
+	x ^= x >> 7
+	x ^= x << 17
+	return x
+}
+
+// uniform maps random bits to [-1, 1).
+func uniform(x uint64) float32 { return float32(x>>40)/float32(1<<23) - 1 }
