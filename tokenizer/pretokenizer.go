@@ -320,10 +320,10 @@ func (sp splitPre) preTokenize(p piece, dst []piece) ([]piece, error) {
 				dst = append(dst, piece{s: p.s[start:end], first: p.first && start == 0, byteLevel: p.byteLevel})
 			}
 		}
-		for _, sp := range m {
-			add(prev, sp.start)
-			add(sp.start, sp.end)
-			prev = sp.end
+		for _, mt := range m {
+			add(prev, mt.start)
+			add(mt.start, mt.end)
+			prev = mt.end
 		}
 		add(prev, len(p.s))
 		return dst, nil
