@@ -227,6 +227,16 @@ func inferCases() []inferCase {
 		inferCase{op: "sdpa", in: []Type{ty(bf16, "B", 4, "S", 16), ty(bf16, "B", 2, "S", 16), ty(bf16, "B", 2, "S", 8), ty(i32, "B", "S")},
 			attrs: Attrs{"scale": 0.25}, err: "want q [B,H,S,D] and k, v [B,KV,S,D]"},
 
+		inferCase{op: "paged_attention", in: []Type{ty(bf16, 1, 4, "S", 16), ty(bf16, 1, 2, "S", 16), ty(bf16, 1, 2, "S", 16), ty(i32, 1, "S"),
+			ty(bf16, "NB", 16, 2, 16), ty(bf16, "NB", 16, 2, 16), ty(i32, "S"), ty(i32, "S"), ty(i32, "N", "M")},
+			attrs: Attrs{"scale": 0.25}, want: []Type{ty(bf16, 1, 4, "S", 16)}},
+		inferCase{op: "paged_attention", in: []Type{ty(bf16, 1, 4, "S", 16), ty(bf16, 1, 2, "S", 16), ty(bf16, 1, 2, "S", 16), ty(i32, 1, "S"),
+			ty(bf16, "NB", 16, 4, 16), ty(bf16, "NB", 16, 4, 16), ty(i32, "S"), ty(i32, "S"), ty(i32, "N", "M")},
+			attrs: Attrs{"scale": 0.25}, err: "caches must be float [NB,BS,2,16]"},
+		inferCase{op: "paged_attention", in: []Type{ty(bf16, 1, 4, "S", 16), ty(bf16, 1, 2, "S", 16), ty(bf16, 1, 2, "S", 16), ty(i32, 1, "S"),
+			ty(bf16, "NB", 16, 2, 16), ty(bf16, "NB", 16, 2, 16), ty(i32, "T"), ty(i32, "S"), ty(i32, "N", "M")},
+			attrs: Attrs{"scale": 0.25}, err: "slot_mapping and token_seq must be integer [S]"},
+
 		inferCase{op: "swiglu", in: []Type{ty(bf16, "B", 128), ty(f32t, "B", 128)}, want: []Type{ty(f32t, "B", 128)}},
 		inferCase{op: "swiglu", in: []Type{ty(bf16, "B", 128), ty(bf16, "B", 64)}, err: "must be float tensors of one shape"},
 		inferCase{op: "swiglu", in: []Type{ty(i32, 4), ty(i32, 4)}, err: "must be float tensors of one shape"},

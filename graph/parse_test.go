@@ -218,6 +218,12 @@ func buildFused() (*Graph, error) {
 	}
 	qk := b.Apply("rope", Attrs{"inv_freq": invFreq, "scaling": 0.5}, q, k, pos)
 	att := b.Op("sdpa", Attrs{"scale": 0.25, "window": 4}, qk[0], qk[1], qk[1], pos)
+	kc := b.Input("kv_cache.0.k", tensor.BF16, Shape{Sym("NB"), D(16), D(2), D(16)})
+	vc := b.Input("kv_cache.0.v", tensor.BF16, Shape{Sym("NB"), D(16), D(2), D(16)})
+	slots := b.Input("slot_mapping", tensor.I32, Shape{symS})
+	seqs := b.Input("token_seq", tensor.I32, Shape{symS})
+	tables := b.Input("block_tables", tensor.I32, Shape{Sym("N"), Sym("M")})
+	att = b.Op("paged_attention", Attrs{"scale": 0.25}, att, qk[1], qk[1], pos, kc, vc, slots, seqs, tables)
 	out := b.Op("swiglu", nil, att, b.Op("repeat_kv", Attrs{"n": 2}, qk[1]))
 	b.Output(out)
 	return b.Build()
