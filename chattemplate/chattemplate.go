@@ -7,7 +7,9 @@
 // which "default" is used). It is rendered with Jinja's trim_blocks and lstrip_blocks, the
 // variables messages, add_generation_prompt, tools and documents, the special tokens of
 // tokenizer_config.json (bos_token, eos_token, ...) and the functions raise_exception and
-// strftime_now; the filters include trim and tojson. Turning the prompt into ids is the
+// strftime_now; the filters include trim and tojson (which writes JSON exactly as
+// transformers' json.dumps(ensure_ascii=False) does, keys in their given order, honouring
+// indent, separators and sort_keys). Turning the prompt into ids is the
 // tokenizer's job: transformers encodes it without adding special tokens again, so use
 // tokenizer.Encode(prompt, false).
 package chattemplate
@@ -116,7 +118,7 @@ func compile(name, src string, special map[string]jinja.Value) (t *Template, err
 			t, err = nil, fmt.Errorf("compile: internal error: %v", r)
 		}
 	}()
-	tmpl, err := jinja.Compile(src)
+	tmpl, err := jinja.Compile(rewriteToJSON(src))
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +166,7 @@ func (t *Template) RenderWith(messages []Message, opts Options) (out string, err
 		raised = &RaiseError{Message: msg}
 		return jinja.Undefined(), raised
 	})
+	data[tojsonName] = jinja.NewCallable(tojsonName, toJSON)
 	data["strftime_now"] = jinja.NewCallable("strftime_now", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 		if len(args) != 1 || !args[0].IsString() {
 			return jinja.Undefined(), fmt.Errorf("strftime_now: want one format string")

@@ -207,3 +207,40 @@ func TestStrftime(t *testing.T) {
 		}
 	}
 }
+
+// TestToJSON checks the tojson filter against Python's json.dumps(x, ensure_ascii=False, ...),
+// which transformers uses.
+func TestToJSON(t *testing.T) {
+	tests := []struct {
+		name, src, data, want string
+	}{
+		{"defaults", "{{ x | tojson }}", `{"b": 1, "a": [1, 2.5, null, true, "é\n\"<>&\u0001\u007f"]}`,
+			`{"b": 1, "a": [1, 2.5, null, true, "é\n\"<>&\u0001` + "\x7f" + `"]}`},
+		{"indent keeps key order", "{{ x | tojson(indent=2) }}", `{"b": 1, "a": [1, 2.5], "c": {}, "d": []}`,
+			"{\n  \"b\": 1,\n  \"a\": [\n    1,\n    2.5\n  ],\n  \"c\": {},\n  \"d\": []\n}"},
+		{"sort keys", "{{ x | tojson(sort_keys=true) }}", `{"b": 1, "a": {"d": 0, "c": 1}}`, `{"a": {"c": 1, "d": 0}, "b": 1}`},
+		{"separators", "{{ x|tojson(separators=(',', ':')) }}", `{"a": [1, 2]}`, `{"a":[1,2]}`},
+		{"floats", "{{ x | tojson }}", `[1.0, 1e-05, 1e16, 123456789012345.0, 0.1, -0.0, 1.5e300]`,
+			`[1.0, 1e-05, 1e+16, 123456789012345.0, 0.1, -0.0, 1.5e+300]`},
+		{"string", "{{ 'a\"b' | tojson }}", `null`, `"a\"b"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl, err := New(tt.src, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tmpl.RenderWith(nil, Options{Vars: map[string]any{"x": json.RawMessage(tt.data)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+	// The source is kept as written.
+	if tmpl, _ := New("{{ x | tojson }}", nil); tmpl.Source() != "{{ x | tojson }}" {
+		t.Errorf("Source() = %q", tmpl.Source())
+	}
+}
