@@ -84,3 +84,65 @@ func TestFixtures(t *testing.T) {
 		})
 	}
 }
+
+func TestLookups(t *testing.T) {
+	tests := []struct {
+		dir            string
+		vocab          int
+		bos, eos       int // -1: none
+		bosTok, eosTok string
+		special        []int
+	}{
+		{"tiny-llama", 512, 0, 4, "<|begin_of_text|>", "<|eot_id|>", []int{0, 1, 2, 3, 4}},
+		{"tiny-qwen2", 512, -1, 2, "", "<|im_end|>", []int{0, 1, 2}},
+		{"tiny-llama2", 556, 1, 2, "<s>", "</s>", []int{0, 1, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.dir, func(t *testing.T) {
+			tok, err := LoadDir(filepath.Join("..", "testdata", tt.dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tok.VocabSize(); got != tt.vocab {
+				t.Errorf("VocabSize() = %d, want %d", got, tt.vocab)
+			}
+			if id, ok := tok.BOS(); ok != (tt.bos >= 0) || (ok && id != tt.bos) {
+				t.Errorf("BOS() = %d, %v; want %d", id, ok, tt.bos)
+			}
+			if id, ok := tok.EOS(); !ok || id != tt.eos {
+				t.Errorf("EOS() = %d, %v; want %d", id, ok, tt.eos)
+			}
+			if s, ok := tok.SpecialToken("bos_token"); s != tt.bosTok || ok != (tt.bosTok != "") {
+				t.Errorf("SpecialToken(bos_token) = %q, %v", s, ok)
+			}
+			if s, _ := tok.SpecialToken("eos_token"); s != tt.eosTok {
+				t.Errorf("SpecialToken(eos_token) = %q, want %q", s, tt.eosTok)
+			}
+			var special []int
+			for id := range tok.VocabSize() {
+				if tok.IsSpecial(id) {
+					special = append(special, id)
+				}
+				s, ok := tok.IDToken(id)
+				if !ok {
+					t.Fatalf("IDToken(%d) missing", id)
+				}
+				if back, ok := tok.TokenID(s); !ok || back != id {
+					t.Fatalf("TokenID(IDToken(%d) = %q) = %d, %v", id, s, back, ok)
+				}
+			}
+			if !slices.Equal(special, tt.special) {
+				t.Errorf("special ids %v, want %v", special, tt.special)
+			}
+			if len(tok.AddedTokens()) != len(tt.special) {
+				t.Errorf("AddedTokens() = %v", tok.AddedTokens())
+			}
+			if _, ok := tok.IDToken(tok.VocabSize()); ok {
+				t.Error("IDToken(VocabSize()) found a token")
+			}
+			if _, ok := tok.TokenID("no such token"); ok {
+				t.Error("TokenID found a token that does not exist")
+			}
+		})
+	}
+}
