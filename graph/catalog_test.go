@@ -241,6 +241,44 @@ func inferCases() []inferCase {
 		inferCase{op: "swiglu", in: []Type{ty(bf16, "B", 128), ty(bf16, "B", 64)}, err: "must be float tensors of one shape"},
 		inferCase{op: "swiglu", in: []Type{ty(i32, 4), ty(i32, 4)}, err: "must be float tensors of one shape"},
 	)
+	tp2 := func(extra Attrs) Attrs { // group tp of 2 ranks, plus extra attributes
+		a := Attrs{"group": "tp", "group_size": 2}
+		for k, v := range extra {
+			a[k] = v
+		}
+		return a
+	}
+	cases = append(cases,
+		inferCase{op: "all_reduce", in: []Type{ty(bf16, "B", "S", 64)}, attrs: tp2(nil), want: []Type{ty(bf16, "B", "S", 64)}},
+		inferCase{op: "all_reduce", in: []Type{ty(i32, 3)}, attrs: tp2(Attrs{"op": "max", "strategy": "twoshot"}), want: []Type{ty(i32, 3)}},
+		inferCase{op: "all_reduce", in: []Type{ty(f32t, 3)}, attrs: Attrs{"group_size": 2}, err: "missing required attribute group"},
+		inferCase{op: "all_reduce", in: []Type{ty(f32t, 3)}, attrs: Attrs{"group": "tp"}, err: "missing required attribute group_size"},
+		inferCase{op: "all_reduce", in: []Type{ty(f32t, 3)}, attrs: Attrs{"group": "", "group_size": 2}, err: `group "" is not a mesh axis name`},
+		inferCase{op: "all_reduce", in: []Type{ty(f32t, 3)}, attrs: Attrs{"group": "tp", "group_size": 0}, err: "group_size must be >= 1, got 0"},
+		inferCase{op: "all_reduce", in: []Type{ty(f32t, 3)}, attrs: tp2(Attrs{"op": "mean"}), err: `op "mean" is not one of ["sum" "max"]`},
+		inferCase{op: "all_reduce", in: []Type{ty(f32t, 3)}, attrs: tp2(Attrs{"strategy": "ring"}), err: `strategy "ring" is not one of`},
+		inferCase{op: "all_reduce", in: []Type{ty(i64, 3)}, attrs: tp2(nil), err: "all_reduce reduces f32, bf16, f16 or i32, got i64"},
+
+		inferCase{op: "all_gather", in: []Type{ty(bf16, "B", "S", 32)}, attrs: tp2(Attrs{"axis": -1}), want: []Type{ty(bf16, "B", "S", 64)}},
+		inferCase{op: "all_gather", in: []Type{ty(i64, 3, 0)}, attrs: Attrs{"group": "dp", "group_size": 4, "axis": 1}, want: []Type{ty(i64, 3, 0)}},
+		inferCase{op: "all_gather", in: []Type{ty(f32t, "B", 4)}, attrs: tp2(Attrs{"axis": 0}), err: "all_gather along symbolic dimension B (axis 0 of [B,4]) is not supported"},
+		inferCase{op: "all_gather", in: []Type{ty(f32t, 4)}, attrs: tp2(Attrs{"axis": 1}), err: "all_gather axis: axis 1 out of range for rank 1"},
+		inferCase{op: "all_gather", in: []Type{ty(f32t, math.MaxInt/2)}, attrs: Attrs{"group": "tp", "group_size": 3, "axis": 0}, err: "overflows"},
+		inferCase{op: "all_gather", in: []Type{ty(f32t, 4)}, attrs: tp2(nil), err: "missing required attribute axis"},
+
+		inferCase{op: "reduce_scatter", in: []Type{ty(f32t, "B", 8, 3)}, attrs: tp2(Attrs{"axis": 1}), want: []Type{ty(f32t, "B", 4, 3)}},
+		inferCase{op: "reduce_scatter", in: []Type{ty(f16, 6)}, attrs: Attrs{"group": "tp", "group_size": 3, "axis": 0, "op": "max"}, want: []Type{ty(f16, 2)}},
+		inferCase{op: "reduce_scatter", in: []Type{ty(f32t, 6)}, attrs: Attrs{"group": "tp", "group_size": 4, "axis": 0}, err: "reduce_scatter: axis 0 of [6] is not divisible by group_size 4"},
+		inferCase{op: "reduce_scatter", in: []Type{ty(boolt, 4)}, attrs: tp2(Attrs{"axis": 0}), err: "reduce_scatter reduces f32, bf16, f16 or i32, got bool"},
+		inferCase{op: "reduce_scatter", in: []Type{ty(f32t, "S")}, attrs: tp2(Attrs{"axis": 0}), err: "along symbolic dimension S"},
+
+		inferCase{op: "all_to_all", in: []Type{ty(bf16, "B", 8, 6)}, attrs: tp2(Attrs{"split_axis": 1, "concat_axis": 2}), want: []Type{ty(bf16, "B", 4, 12)}},
+		inferCase{op: "all_to_all", in: []Type{ty(f32t, 8, 6)}, attrs: tp2(Attrs{"split_axis": 0, "concat_axis": -2}), want: []Type{ty(f32t, 8, 6)}},
+		inferCase{op: "all_to_all", in: []Type{ty(f32t, 8, 5)}, attrs: tp2(Attrs{"split_axis": 1, "concat_axis": 0}), err: "all_to_all: axis 1 of [8,5] is not divisible by group_size 2"},
+		inferCase{op: "all_to_all", in: []Type{ty(f32t, "T", 4)}, attrs: tp2(Attrs{"split_axis": 1, "concat_axis": 0}), err: "all_to_all along symbolic dimension T"},
+		inferCase{op: "all_to_all", in: []Type{ty(f32t, 4)}, attrs: tp2(Attrs{"split_axis": 0, "concat_axis": 3}), err: "all_to_all concat_axis: axis 3 out of range"},
+		inferCase{op: "all_to_all", in: []Type{ty(f32t, 4)}, attrs: Attrs{"group": "2tp", "group_size": 2, "split_axis": 0, "concat_axis": 0}, err: `group "2tp" is not a mesh axis name`},
+	)
 	for _, op := range []string{"sum", "mean", "max"} {
 		cases = append(cases,
 			inferCase{op: op, in: []Type{ty(f32t, "B", "S", 64)}, attrs: Attrs{"axes": []int{-1}, "keepdim": true}, want: []Type{ty(f32t, "B", "S", 1)}},

@@ -26,6 +26,7 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"identity":     buildIdentity,
 		"quoted_names": buildQuotedNames,
 		"fused":        buildFused,
+		"collective":   buildCollective,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {
@@ -226,6 +227,20 @@ func buildFused() (*Graph, error) {
 	att = b.Op("paged_attention", Attrs{"scale": 0.25}, att, qk[1], qk[1], pos, kc, vc, slots, seqs, tables)
 	out := b.Op("swiglu", nil, att, b.Op("repeat_kv", Attrs{"n": 2}, qk[1]))
 	b.Output(out)
+	return b.Build()
+}
+
+// buildCollective uses the collective ops, as sharding leaves them on a tp=2,dp=2 mesh.
+func buildCollective() (*Graph, error) {
+	b := NewBuilder("collective (tp=2,dp=2)")
+	x := b.Input("x", tensor.BF16, Shape{symB, D(8), D(32)})
+	b.SetScope("model.layers.0.mlp")
+	r := b.Op("all_reduce", Attrs{"group": "tp", "group_size": 2}, x)
+	m := b.Op("all_reduce", Attrs{"group": "dp", "group_size": 2, "op": "max", "strategy": "oneshot"}, r)
+	g := b.Op("all_gather", Attrs{"group": "tp", "group_size": 2, "axis": -1}, m)                        // [B,8,64]
+	s := b.Op("reduce_scatter", Attrs{"group": "tp", "group_size": 2, "axis": 1, "op": "max"}, g)        // [B,4,64]
+	a := b.Op("all_to_all", Attrs{"group": "tp", "group_size": 2, "split_axis": 2, "concat_axis": 1}, s) // [B,8,32]
+	b.Output(b.Add(a, x))
 	return b.Build()
 }
 
