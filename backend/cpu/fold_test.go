@@ -133,3 +133,40 @@ func TestFoldChains(t *testing.T) {
 		out[0].F32[0] = 99 // must not reach the program
 	}
 }
+
+// TestFusedLayerMatchesPlain: a small Llama decoder layer written with fused ops and fused
+// GEMMs (folded at compile time) and run with the fast kernels gives what the plain
+// primitive layer gives with reference kernels only.
+func TestFusedLayerMatchesPlain(t *testing.T) {
+	rng := rand.New(rand.NewPCG(113, 114))
+	d := layerDims{hidden: 64, heads: 6, kv: 2, headDim: 16, ffn: 96}
+	w := layerWeights(rng, d)
+	ctx := context.Background()
+	for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
+		plain, err := compile(ctx, plainLayer(t, d, act), w, Reference)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fused := mustCompile(t, fusedLayer(t, d, act), w)
+		if fused.folded != 2 {
+			t.Errorf("%s: folded %d nodes, want the 2 weight concats", act, fused.folded)
+		}
+		if got, want := fused.WeightBytes(), plain.WeightBytes(); got > want {
+			t.Errorf("%s: fused program holds %d bytes, the plain one %d", act, got, want)
+		}
+		const B, S = 2, 7
+		in := map[string]*tensor.Tensor{
+			"h":         randTensor(rng, act, []int{B, S, d.hidden}, -2, 2),
+			"positions": positionsFrom(tensor.I32, S, 1, 5, 0),
+		}
+		want, err := plain.Run(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := fused.Run(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkTensorTol(t, "fused layer "+act.String(), got[0], act, want[0].Shape, values(want[0]), max(1e-5, ulp(act)))
+	}
+}
