@@ -3,8 +3,10 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,11 +36,12 @@ func randF32(rng *rand.Rand, shape ...int) *tensor.Tensor {
 	return t
 }
 
-// benchVariants runs one sub-benchmark per variant (in order) and logs the time of each
-// relative to the first.
+// benchVariants runs one sub-benchmark per variant, in order; every variant after the first
+// also reports its speed relative to the first, as measured in this run ("speedup": the
+// first one's time per op over its own).
 func benchVariants(b *testing.B, bytes int64, names []string, fns []func() error) {
 	b.Helper()
-	per := make([]time.Duration, len(fns))
+	var first time.Duration
 	for i, f := range fns {
 		b.Run(names[i], func(b *testing.B) {
 			b.SetBytes(bytes)
@@ -47,13 +50,13 @@ func benchVariants(b *testing.B, bytes int64, names []string, fns []func() error
 					b.Fatal(err)
 				}
 			}
-			per[i] = b.Elapsed() / time.Duration(b.N)
+			per := b.Elapsed() / time.Duration(b.N)
+			if i == 0 {
+				first = per
+			} else if first > 0 && per > 0 {
+				b.ReportMetric(float64(first)/float64(per), "speedup")
+			}
 		})
-	}
-	for i := 1; i < len(fns); i++ {
-		if per[i] > 0 {
-			b.Logf("%s is %.2fx as fast as %s (%v vs %v per op)", names[i], float64(per[0])/float64(per[i]), names[0], per[i], per[0])
-		}
 	}
 }
 
@@ -124,13 +127,14 @@ const lEps = 1e-5
 
 // layerWeights returns random bf16 weights for one decoder layer.
 func layerWeights(rng *rand.Rand, d layerDims) MapWeights {
-	w := MapWeights{}
-	for key, shape := range map[string][]int{
+	shapes := map[string][]int{
 		"in_norm": {d.hidden}, "post_norm": {d.hidden},
 		"q": {d.heads * d.headDim, d.hidden}, "k": {d.kv * d.headDim, d.hidden}, "v": {d.kv * d.headDim, d.hidden},
 		"o": {d.hidden, d.heads * d.headDim}, "gate": {d.ffn, d.hidden}, "up": {d.ffn, d.hidden}, "down": {d.hidden, d.ffn},
-	} {
-		w[key] = randBF16(rng, shape...)
+	}
+	w := MapWeights{}
+	for _, key := range slices.Sorted(maps.Keys(shapes)) { // sorted: the same weights every time
+		w[key] = randBF16(rng, shapes[key]...)
 	}
 	return w
 }

@@ -96,6 +96,14 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 	return []*tensor.Tensor{fromF32(res, o)}, nil
 }
 
+// groupBF16 and groupF32 compute the outputs of a group of up to four weight rows (see
+// gemmGroupBF16); builds with GOEXPERIMENT=simd replace them with AVX2 kernels when the CPU
+// has AVX2 and FMA (fast_linear_simd.go).
+var (
+	groupBF16 = gemmGroupBF16
+	groupF32  = gemmGroupF32
+)
+
 // gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j in [lo, hi), over the
 // worker pool: x is f32 [M,K], w a float tensor [N,K].
 func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K, lo, hi int) {
@@ -113,20 +121,20 @@ func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K, lo, hi int) {
 				for r := range jb {
 					rows[r] = w.Half[(j+r)*K : (j+r+1)*K]
 				}
-				gemmGroupBF16(res, xs, rows[:jb], M, N, K, j)
+				groupBF16(res, xs, rows[:jb], M, N, K, j)
 			case tensor.F32:
 				var rows [4][]float32
 				for r := range jb {
 					rows[r] = w.F32[(j+r)*K : (j+r+1)*K]
 				}
-				gemmGroupF32(res, xs, rows[:jb], M, N, K, j)
+				groupF32(res, xs, rows[:jb], M, N, K, j)
 			default: // f16: widen the group once
 				var rows [4][]float32
 				for r := range jb {
 					rows[r] = (*wbuf)[r*K : (r+1)*K]
 					widen(rows[r], w, (j+r)*K)
 				}
-				gemmGroupF32(res, xs, rows[:jb], M, N, K, j)
+				groupF32(res, xs, rows[:jb], M, N, K, j)
 			}
 		}
 	})

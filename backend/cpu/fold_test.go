@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -167,6 +168,25 @@ func TestFusedLayerMatchesPlain(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkTensorTol(t, "fused layer "+act.String(), got[0], act, want[0].Shape, values(want[0]), max(1e-5, ulp(act)))
+		// The fast kernels round like the decomposition; only linear may sum in another order
+		// (the SIMD build), and a layer spreads such differences: compare with the output's
+		// root mean square as the scale.
+		g, r := values(got[0]), values(want[0])
+		rms, worst := 0.0, 0.0
+		for _, v := range r {
+			rms += v * v
+		}
+		rms = math.Sqrt(rms / float64(len(r)))
+		for i := range r {
+			worst = max(worst, math.Abs(g[i]-r[i]))
+		}
+		tol := 1e-4
+		if act != tensor.F32 {
+			tol = 4 * ulp(act)
+		}
+		t.Logf("%s: largest difference %.3g, %.3g of the output's rms %.3g", act, worst, worst/rms, rms)
+		if worst > tol*rms || !slices.Equal(got[0].Shape, want[0].Shape) || got[0].DType != act {
+			t.Errorf("%s: fused layer differs from the plain one by up to %.3g (rms %.3g, tolerance %.3g of it)", act, worst, rms, tol)
+		}
 	}
 }
