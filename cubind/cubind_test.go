@@ -1,0 +1,432 @@
+package cubind
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// withGPU skips the test when no GPU is usable, else locks the goroutine to its thread and
+// makes device 0's primary context current for the rest of the test.
+func withGPU(t *testing.T) Device {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skip("no GPU: " + err.Error())
+	}
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	d, err := GetDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, err := d.PrimaryCtxRetain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.PrimaryCtxRelease() })
+	if err := ctx.SetCurrent(); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestLoadErrorListsEveryPath(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(LibDirEnv, dir)
+	bad := filepath.Join(dir, "libloomnothere.so.1")
+	if err := os.WriteFile(bad, []byte("not an ELF file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := openLibrary("libloomnothere", []string{"libloomnothere.so.1", "libloomnothere.so"}, true, []string{"/nonexistent-loom-dir"})
+	var le *LoadError
+	if !errors.As(err, &le) {
+		t.Fatalf("got %v, want a *LoadError", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		bad + ": ", // found but not loadable: the loader's reason
+		filepath.Join(dir, "libloomnothere.so") + ": not found", // from LOOM_CUDA_LIB_DIR
+		"libloomnothere.so.1 (system loader search)",
+		"/nonexistent-loom-dir/libloomnothere.so.1: not found",
+		LibDirEnv,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q:\n%s", want, msg)
+		}
+	}
+	if len(le.Tried) != 6 {
+		t.Errorf("tried %d paths, want 6:\n%s", len(le.Tried), msg)
+	}
+}
+
+func TestCompareVersions(t *testing.T) {
+	if compareVersions("/usr/local/cuda-13.0", "/usr/local/cuda-12.8") <= 0 {
+		t.Error("13.0 should sort after 12.8")
+	}
+	if compareVersions("/usr/local/cuda-12.10", "/usr/local/cuda-12.9") <= 0 {
+		t.Error("12.10 should sort after 12.9")
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	withGPU(t)
+	t.Log(Describe())
+}
+
+func TestDriverMemory(t *testing.T) {
+	d := withGPU(t)
+	if n, err := DeviceCount(); err != nil || n < 1 {
+		t.Fatalf("DeviceCount = %d, %v", n, err)
+	}
+	name, err := d.Name()
+	if err != nil || name == "" {
+		t.Fatalf("Name = %q, %v", name, err)
+	}
+	ma, mi, err := d.ComputeCapability()
+	if err != nil || ma < 5 {
+		t.Fatalf("ComputeCapability = %d.%d, %v", ma, mi, err)
+	}
+	total, err := d.TotalMem()
+	if err != nil || total == 0 {
+		t.Fatalf("TotalMem = %d, %v", total, err)
+	}
+	sms, _ := d.Attribute(AttrMultiprocessorCount)
+	optin, _ := d.Attribute(AttrMaxSharedMemoryPerBlockOptin)
+	t.Logf("%s sm_%d%d, %d SMs, %.1f GiB, %d KiB shared per block (opt-in)", name, ma, mi, sms, float64(total)/(1<<30), optin/1024)
+
+	s, err := StreamCreate(StreamNonBlocking)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const n = 1000
+	a, err := MemAlloc(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer MemFree(a)
+	b, err := MemAlloc(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer MemFree(b)
+	src := make([]float32, n)
+	for i := range src {
+		src[i] = float32(i) * 0.5
+	}
+	if err := MemcpyHtoDAsync(a, src, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := MemcpyDtoDAsync(b, a, 4*n, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := MemsetD32Async(b, math.Float32bits(7), 10, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := MemsetD8Async(b+DevicePtr(4*(n-1)), 0, 4, s); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, n)
+	if err := MemcpyDtoHAsync(got, b, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		want := src[i]
+		switch {
+		case i < 10:
+			want = 7
+		case i == n-1:
+			want = 0
+		}
+		if v != want {
+			t.Fatalf("element %d = %v, want %v", i, v, want)
+		}
+	}
+	free, tot, err := MemGetInfo()
+	if err != nil || free == 0 || tot < free {
+		t.Errorf("MemGetInfo = %d, %d, %v", free, tot, err)
+	}
+}
+
+func TestErrorsNameTheCall(t *testing.T) {
+	withGPU(t)
+	_, err := MemAlloc(1 << 60)
+	if err == nil {
+		t.Fatal("allocating 2^60 bytes succeeded")
+	}
+	if !strings.Contains(err.Error(), "cuMemAlloc_v2") || !strings.Contains(err.Error(), "CUDA_ERROR_OUT_OF_MEMORY") || !IsOutOfMemory(err) {
+		t.Errorf("error %q should name cuMemAlloc_v2 and CUDA_ERROR_OUT_OF_MEMORY", err)
+	}
+	var m Module
+	_, err = m.Function("nothing")
+	if err == nil || !strings.Contains(err.Error(), "cuModuleGetFunction") || !strings.Contains(err.Error(), "CUDA_ERROR_") {
+		t.Errorf("GetFunction on a null module: %v", err)
+	}
+	t.Logf("sample errors: %v", err)
+}
+
+const testKernels = `
+struct Affine { float a; int pad; long long n; };
+extern "C" __global__ void affine(float* y, const float* x, Affine p, float b) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < p.n) y[i] = p.a * x[i] + b;
+}
+extern "C" __global__ void incr(int* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 2;
+}
+`
+
+func compileTest(t *testing.T, d Device, src string) Module {
+	t.Helper()
+	ma, mi, err := d.ComputeCapability()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cubin, log, err := CompileCUBIN(src, "test.cu", []string{"--gpu-architecture=sm_" + string(rune('0'+ma)) + string(rune('0'+mi)), "-default-device"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("NVRTC: %d-byte cubin in %v; log %q", len(cubin), time.Since(start).Round(time.Millisecond), log)
+	m, err := ModuleLoadData(cubin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Unload() })
+	return m
+}
+
+func TestNVRTCAndLaunch(t *testing.T) {
+	d := withGPU(t)
+	ma, mi, err := NVRTCVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	archs, _ := NVRTCSupportedArchs()
+	t.Logf("NVRTC %d.%d, archs %v", ma, mi, archs)
+	m := compileTest(t, d, testKernels)
+	f, err := m.Function("affine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	x, _ := MemAlloc(4 * n)
+	y, _ := MemAlloc(4 * n)
+	defer MemFree(x)
+	defer MemFree(y)
+	src := make([]float32, n)
+	for i := range src {
+		src[i] = float32(i)
+	}
+	if err := MemcpyHtoDAsync(x, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	// struct Affine { float a; int pad; long long n; } is 16 bytes.
+	blob := make([]byte, 16)
+	putU32(blob[0:], math.Float32bits(3))
+	putU64(blob[8:], n)
+	var args Args
+	args.Ptr(y).Ptr(x).Struct(blob).F32(-1)
+	if err := LaunchKernel(f, Dim3{(n + 127) / 128, 1, 1}, Dim3{128, 1, 1}, 0, 0, &args); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, n)
+	if err := MemcpyDtoHAsync(got, y, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := CtxSynchronize(); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != 3*float32(i)-1 {
+			t.Fatalf("y[%d] = %v, want %v", i, v, 3*float32(i)-1)
+		}
+	}
+	// A launch with an impossible block size fails with the call named.
+	err = LaunchKernel(f, Dim3{1, 1, 1}, Dim3{4096, 1, 1}, 0, 0, &args)
+	if err == nil || !strings.Contains(err.Error(), "cuLaunchKernel") {
+		t.Errorf("launch with 4096 threads per block: %v", err)
+	}
+}
+
+func TestNVRTCCompileError(t *testing.T) {
+	d := withGPU(t)
+	ma, mi, _ := d.ComputeCapability()
+	_, _, err := CompileCUBIN(`extern "C" __global__ void broken(float* x) { x[0] = undefined_name; }`, "broken.cu",
+		[]string{"--gpu-architecture=sm_" + string(rune('0'+ma)) + string(rune('0'+mi))})
+	var ce *CompileError
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v, want a *CompileError", err)
+	}
+	if !strings.Contains(err.Error(), "NVRTC_ERROR_COMPILATION") || !strings.Contains(ce.Log, "undefined_name") {
+		t.Errorf("compile error lacks the status or the log:\n%v", err)
+	}
+}
+
+func TestEventsAndGraphs(t *testing.T) {
+	d := withGPU(t)
+	m := compileTest(t, d, testKernels)
+	f, err := m.Function("incr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := StreamCreate(StreamNonBlocking)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const n = 1 << 20
+	x, _ := MemAlloc(4 * n)
+	defer MemFree(x)
+	if err := MemsetD32Async(x, 0, n, s); err != nil {
+		t.Fatal(err)
+	}
+	start, _ := EventCreate(EventDefault)
+	end, _ := EventCreate(EventDefault)
+	defer start.Destroy()
+	defer end.Destroy()
+	var args Args
+	args.Ptr(x).I32(n)
+	if err := start.Record(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := LaunchKernel(f, Dim3{n / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, &args); err != nil {
+		t.Fatal(err)
+	}
+	if err := end.Record(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := end.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	el, err := Elapsed(start, end)
+	if err != nil || el <= 0 {
+		t.Errorf("Elapsed = %v, %v", el, err)
+	}
+	t.Logf("incr over %d ints: %v", n, el)
+
+	// Capture two launches into a graph and replay it three times: +2 +2 per replay.
+	if err := s.BeginCapture(CaptureModeThreadLocal); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := LaunchKernel(f, Dim3{n / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, &args); err != nil {
+			s.EndCapture()
+			t.Fatal(err)
+		}
+	}
+	g, err := s.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+	exe, err := g.Instantiate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Destroy()
+	for range 3 {
+		if err := exe.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]int32, n)
+	if err := MemcpyDtoHAsync(got, x, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != 2+3*4 {
+			t.Fatalf("x[%d] = %d after one launch and 3 graph replays, want 14", i, v)
+		}
+	}
+}
+
+func bf16(f float32) uint16 {
+	u := math.Float32bits(f)
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}
+
+func f32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+func TestGemmEx(t *testing.T) {
+	withGPU(t)
+	blas, err := NewBLAS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Destroy()
+	v, err := blas.Version()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cuBLAS version %d, cuBLASLt %d", v, CublasLtVersion())
+	rng := rand.New(rand.NewPCG(1, 2))
+	// Row-major y[M,N] = x[M,K] @ w[N,K]^T, as the column-major product yᵀ = w·xᵀ.
+	const M, N, K = 5, 7, 33
+	x, w := make([]uint16, M*K), make([]uint16, N*K)
+	for i := range x {
+		x[i] = bf16(rng.Float32()*2 - 1)
+	}
+	for i := range w {
+		w[i] = bf16(rng.Float32()*2 - 1)
+	}
+	dx, _ := MemAlloc(2 * M * K)
+	dw, _ := MemAlloc(2 * N * K)
+	dy, _ := MemAlloc(4 * M * N)
+	defer MemFree(dx)
+	defer MemFree(dw)
+	defer MemFree(dy)
+	MemcpyHtoDAsync(dx, x, 0)
+	MemcpyHtoDAsync(dw, w, 0)
+	err = blas.GemmEx(OpT, OpN, N, M, K, 1, Matrix{dw, R16BF, K}, Matrix{dx, R16BF, K}, 0, Matrix{dy, R32F, N}, Compute32F)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, M*N)
+	if err := MemcpyDtoHAsync(got, dy, 0); err != nil {
+		t.Fatal(err)
+	}
+	maxErr := 0.0
+	for m := range M {
+		for n := range N {
+			var want float64
+			for k := range K {
+				want += float64(f32(x[m*K+k])) * float64(f32(w[n*K+k]))
+			}
+			e := math.Abs(float64(got[m*N+n]) - want)
+			maxErr = max(maxErr, e)
+			if e > 1e-4 {
+				t.Errorf("y[%d,%d] = %v, want %v", m, n, got[m*N+n], want)
+			}
+		}
+	}
+	t.Logf("bf16 GEMM %dx%dx%d with f32 output: max abs error %.3g", M, N, K, maxErr)
+	// Bad arguments are reported with the status name.
+	err = blas.GemmEx(OpT, OpN, N, M, K, 1, Matrix{dw, R16BF, 1}, Matrix{dx, R16BF, K}, 0, Matrix{dy, R32F, N}, Compute32F)
+	if err == nil || !strings.Contains(err.Error(), "cublasGemmEx") || !strings.Contains(err.Error(), "CUBLAS_STATUS_INVALID_VALUE") {
+		t.Errorf("GemmEx with lda < k: %v", err)
+	}
+}
+
+func putU32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
+
+func putU64(b []byte, v uint64) {
+	putU32(b, uint32(v))
+	putU32(b[4:], uint32(v>>32))
+}
