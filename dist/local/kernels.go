@@ -1,0 +1,258 @@
+package local
+
+import (
+	"sync"
+
+	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// block is the number of elements a reducer folds at a time: its accumulators stay in L1.
+const block = 1024
+
+// reducer folds the same range of several tensors elementwise, in tensor order, into a
+// destination that may be one of them: each block is read whole before it is written.
+// bf16 and f16 accumulate in f32 and round once.
+type reducer struct {
+	dt   tensor.DType
+	op   dist.ReduceOp
+	f32  [][]float32
+	half [][]uint16
+	i32  [][]int32
+	acc  [block]float32
+	tmp  [block]float32
+	iacc [block]int32
+}
+
+var reducers = sync.Pool{New: func() any { return new(reducer) }}
+
+func newReducer(dt tensor.DType, op dist.ReduceOp, srcs []*tensor.Tensor) *reducer {
+	r := reducers.Get().(*reducer)
+	r.dt, r.op = dt, op
+	r.f32, r.half, r.i32 = r.f32[:0], r.half[:0], r.i32[:0]
+	for _, t := range srcs {
+		switch dt {
+		case tensor.F32:
+			r.f32 = append(r.f32, t.F32)
+		case tensor.BF16, tensor.F16:
+			r.half = append(r.half, t.Half)
+		case tensor.I32:
+			r.i32 = append(r.i32, t.I32)
+		}
+	}
+	return r
+}
+
+func (r *reducer) release() {
+	clear(r.f32)
+	clear(r.half)
+	clear(r.i32)
+	reducers.Put(r)
+}
+
+// reduce writes the fold of the sources' elements [sOff, sOff+n) to dst's [dOff, dOff+n).
+func (r *reducer) reduce(dst *tensor.Tensor, dOff, sOff, n int) {
+	switch r.dt {
+	case tensor.F32:
+		foldNative(dst.F32[dOff:dOff+n], r.f32, sOff, r.op, r.acc[:])
+	case tensor.I32:
+		foldNative(dst.I32[dOff:dOff+n], r.i32, sOff, r.op, r.iacc[:])
+	case tensor.BF16, tensor.F16:
+		r.foldHalf(dst.Half[dOff:dOff+n], sOff)
+	}
+}
+
+// foldNative folds srcs[*][off:off+len(dst)] into dst, block by block through acc.
+func foldNative[T float32 | int32](dst []T, srcs [][]T, off int, op dist.ReduceOp, acc []T) {
+	for lo := 0; lo < len(dst); lo += block {
+		hi := min(lo+block, len(dst))
+		a := acc[:hi-lo]
+		copy(a, srcs[0][off+lo:off+hi])
+		for _, s := range srcs[1:] {
+			s := s[off+lo : off+hi]
+			if op == dist.Max {
+				for i := range a {
+					a[i] = max(a[i], s[i])
+				}
+			} else {
+				for i := range a {
+					a[i] += s[i]
+				}
+			}
+		}
+		copy(dst[lo:hi], a)
+	}
+}
+
+func (r *reducer) foldHalf(dst []uint16, off int) {
+	bf := r.dt == tensor.BF16
+	for lo := 0; lo < len(dst); lo += block {
+		hi := min(lo+block, len(dst))
+		a, t := r.acc[:hi-lo], r.tmp[:hi-lo]
+		widen(a, r.half[0][off+lo:off+hi], bf)
+		for _, s := range r.half[1:] {
+			widen(t, s[off+lo:off+hi], bf)
+			if r.op == dist.Max {
+				for i := range a {
+					a[i] = max(a[i], t[i])
+				}
+			} else {
+				for i := range a {
+					a[i] += t[i]
+				}
+			}
+		}
+		d := dst[lo:hi]
+		if bf {
+			for i, v := range a {
+				d[i] = tensor.F32ToBF16(v)
+			}
+		} else {
+			for i, v := range a {
+				d[i] = tensor.F32ToF16(v)
+			}
+		}
+	}
+}
+
+func widen(dst []float32, src []uint16, bf bool) {
+	if bf {
+		for i, h := range src {
+			dst[i] = tensor.BF16ToF32(h)
+		}
+		return
+	}
+	for i, h := range src {
+		dst[i] = tensor.F16ToF32(h)
+	}
+}
+
+// copyElems copies n elements from src at sOff to dst at dOff; both have dst's dtype.
+func copyElems(dst *tensor.Tensor, dOff int, src *tensor.Tensor, sOff, n int) {
+	switch dst.DType {
+	case tensor.F32:
+		copy(dst.F32[dOff:dOff+n], src.F32[sOff:sOff+n])
+	case tensor.BF16, tensor.F16:
+		copy(dst.Half[dOff:dOff+n], src.Half[sOff:sOff+n])
+	case tensor.I32:
+		copy(dst.I32[dOff:dOff+n], src.I32[sOff:sOff+n])
+	case tensor.I64:
+		copy(dst.I64[dOff:dOff+n], src.I64[sOff:sOff+n])
+	case tensor.Bool:
+		copy(dst.Bool[dOff:dOff+n], src.Bool[sOff:sOff+n])
+	}
+}
+
+// copyBox copies the box of the given shape that starts at srcStart in src to dstStart in
+// dst (tensors of one dtype and rank), in runs as long as the layouts allow.
+func copyBox(dst *tensor.Tensor, dstStart []int, src *tensor.Tensor, srcStart []int, box []int) {
+	rank := len(box)
+	if tensor.Numel(box) == 0 {
+		return
+	}
+	// Trailing axes the box covers whole in both tensors merge into one contiguous run,
+	// together with the first axis before them.
+	m := rank - 1
+	for m > 0 && box[m] == src.Shape[m] && box[m] == dst.Shape[m] {
+		m--
+	}
+	run := tensor.Numel(box[m:])
+	sStride, dStride := strides(src.Shape), strides(dst.Shape)
+	idx := make([]int, m) // odometer over the axes before m
+	for {
+		sOff, dOff := 0, 0
+		for i := range rank {
+			c := 0
+			if i < m {
+				c = idx[i]
+			}
+			sOff += (srcStart[i] + c) * sStride[i]
+			dOff += (dstStart[i] + c) * dStride[i]
+		}
+		copyElems(dst, dOff, src, sOff, run)
+		i := m - 1
+		for ; i >= 0; i-- {
+			idx[i]++
+			if idx[i] < box[i] {
+				break
+			}
+			idx[i] = 0
+		}
+		if i < 0 {
+			return
+		}
+	}
+}
+
+// strides gives row-major element strides.
+func strides(shape []int) []int {
+	s := make([]int, len(shape))
+	n := 1
+	for i := len(shape) - 1; i >= 0; i-- {
+		s[i] = n
+		n *= shape[i]
+	}
+	return s
+}
+
+// sameStorage reports whether two tensors share their first element.
+func sameStorage(a, b *tensor.Tensor) bool {
+	if a == b {
+		return true
+	}
+	if a.DType != b.DType || a.Numel() == 0 || b.Numel() == 0 {
+		return false
+	}
+	switch a.DType {
+	case tensor.F32:
+		return &a.F32[0] == &b.F32[0]
+	case tensor.BF16, tensor.F16:
+		return &a.Half[0] == &b.Half[0]
+	case tensor.I32:
+		return &a.I32[0] == &b.I32[0]
+	case tensor.I64:
+		return &a.I64[0] == &b.I64[0]
+	case tensor.Bool:
+		return &a.Bool[0] == &b.Bool[0]
+	}
+	return false
+}
+
+// Scratch tensors for oneshot all_reduce, pooled by storage type.
+var (
+	scratchF32  sync.Pool
+	scratchHalf sync.Pool
+	scratchI32  sync.Pool
+)
+
+// getScratch returns a tensor of dtype dt with m elements of unspecified content.
+func getScratch(dt tensor.DType, m int) *tensor.Tensor {
+	t := &tensor.Tensor{DType: dt, Shape: []int{m}}
+	switch dt {
+	case tensor.F32:
+		t.F32 = pooled[float32](&scratchF32, m)
+	case tensor.BF16, tensor.F16:
+		t.Half = pooled[uint16](&scratchHalf, m)
+	case tensor.I32:
+		t.I32 = pooled[int32](&scratchI32, m)
+	}
+	return t
+}
+
+func pooled[T any](p *sync.Pool, m int) []T {
+	if b, ok := p.Get().(*[]T); ok && cap(*b) >= m {
+		return (*b)[:m]
+	}
+	return make([]T, m)
+}
+
+func putScratch(t *tensor.Tensor) {
+	switch t.DType {
+	case tensor.F32:
+		scratchF32.Put(&t.F32)
+	case tensor.BF16, tensor.F16:
+		scratchHalf.Put(&t.Half)
+	case tensor.I32:
+		scratchI32.Put(&t.I32)
+	}
+}
