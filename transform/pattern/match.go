@@ -98,6 +98,19 @@ func (m *Match) Inner() []*graph.Node {
 // Match tries the pattern with its root at node n of g. It computes g's users on every call;
 // to scan a whole graph use FindAll.
 func (p *Pattern) Match(g *graph.Graph, n *graph.Node) (*Match, bool) {
+	return p.matchAt(g, n, false)
+}
+
+// MatchShared is Match without the refusal of values used outside the match: the matched
+// nodes may feed other nodes of the graph too. Use it to recognise and read a producer chain
+// that several consumers share, such as rotary tables or an attention mask computed once for
+// every layer, without replacing it. Replacing a shared match (Replace, ReplaceValues) is
+// still safe: matched nodes that something else uses stay in the graph.
+func (p *Pattern) MatchShared(g *graph.Graph, n *graph.Node) (*Match, bool) {
+	return p.matchAt(g, n, true)
+}
+
+func (p *Pattern) matchAt(g *graph.Graph, n *graph.Node, shared bool) (*Match, bool) {
 	if p.Err() != nil || n == nil {
 		return nil, false
 	}
@@ -105,13 +118,23 @@ func (p *Pattern) Match(g *graph.Graph, n *graph.Node) (*Match, bool) {
 	if s.pos[n] == 0 {
 		return nil, false
 	}
-	return s.match(p, n)
+	return s.match(p, n, shared)
 }
 
 // FindAll returns the pattern's matches in g in graph order (by root). Matches do not
 // overlap: a node belongs to one match at most, except the input-less nodes they may share.
 // Replacing the matches in the order returned is safe.
 func (p *Pattern) FindAll(g *graph.Graph) ([]*Match, error) {
+	return p.findAll(g, false)
+}
+
+// FindAllShared is FindAll with the matches of MatchShared: matched values may also be used
+// outside the match. Matches still do not overlap.
+func (p *Pattern) FindAllShared(g *graph.Graph) ([]*Match, error) {
+	return p.findAll(g, true)
+}
+
+func (p *Pattern) findAll(g *graph.Graph, shared bool) ([]*Match, error) {
 	if err := p.Err(); err != nil {
 		return nil, err
 	}
@@ -122,7 +145,7 @@ func (p *Pattern) FindAll(g *graph.Graph) ([]*Match, error) {
 		if claimed[n] {
 			continue
 		}
-		m, ok := s.match(p, n)
+		m, ok := s.match(p, n, shared)
 		if !ok {
 			continue
 		}
@@ -171,7 +194,7 @@ type matcher struct {
 	trail []any // *graph.Node or *graph.Value keys bound, in order
 }
 
-func (s *scan) match(p *Pattern, n *graph.Node) (*Match, bool) {
+func (s *scan) match(p *Pattern, n *graph.Node, shared bool) (*Match, bool) {
 	if p.root.Index >= len(n.Outputs) {
 		return nil, false
 	}
@@ -179,7 +202,7 @@ func (s *scan) match(p *Pattern, n *graph.Node) (*Match, bool) {
 	var found *Match
 	mt.value(p.root, n.Outputs[p.root.Index], binding{v: n.Outputs[p.root.Index]}, func() bool {
 		m := mt.snapshot(n)
-		if !mt.selfContained(m) {
+		if !shared && !mt.selfContained(m) {
 			return false
 		}
 		for _, ok := range p.where {
