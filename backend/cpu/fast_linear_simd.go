@@ -31,18 +31,22 @@ func loadF32(p unsafe.Pointer) archsimd.Float32x8 {
 	return archsimd.LoadFloat32x8((*[8]float32)(p))
 }
 
-// hsum adds the eight lanes of v, pairwise.
-func hsum(v archsimd.Float32x8) float32 {
-	var a [8]float32
-	v.Store(&a)
+// lanes8 holds the eight lanes of up to eight accumulators.
+type lanes8 = [8][8]float32
+
+// hsum adds the eight lanes of an accumulator, pairwise.
+func hsum(a *[8]float32) float32 {
 	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
 // The kernels below read n elements (a multiple of 8) from each pointer: x rows hold
-// float32s, weight rows bf16 (the BF16 kernels) or float32 (the F32 ones). The caller makes
-// sure that n elements are there.
+// float32s, weight rows bf16 (the BF16 kernels) or float32 (the F32 ones); the caller makes
+// sure that n elements are there. They store their accumulators in acc and leave the upper
+// halves of the vector registers dirty: the caller runs archsimd.ClearAVXUpperBits before
+// any scalar float code (the SSE instructions Go emits for it would otherwise pay for every
+// AVX-to-SSE transition).
 
-func bf16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int) [8]float32 {
+func bf16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8) {
 	var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		u, v := loadBF16(unsafe.Add(w0, 2*k)), loadBF16(unsafe.Add(w1, 2*k))
@@ -55,10 +59,17 @@ func bf16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int) [8]float32 {
 		y = loadF32(unsafe.Add(x3, 4*k))
 		a3, b3 = u.MulAdd(y, a3), v.MulAdd(y, b3)
 	}
-	return [8]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3), hsum(b0), hsum(b1), hsum(b2), hsum(b3)}
+	a0.Store(&acc[0])
+	a1.Store(&acc[1])
+	a2.Store(&acc[2])
+	a3.Store(&acc[3])
+	b0.Store(&acc[4])
+	b1.Store(&acc[5])
+	b2.Store(&acc[6])
+	b3.Store(&acc[7])
 }
 
-func bf16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int) [4]float32 {
+func bf16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		u := loadBF16(unsafe.Add(w0, 2*k))
@@ -67,10 +78,13 @@ func bf16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int) [4]float32 {
 		a2 = u.MulAdd(loadF32(unsafe.Add(x2, 4*k)), a2)
 		a3 = u.MulAdd(loadF32(unsafe.Add(x3, 4*k)), a3)
 	}
-	return [4]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3)}
+	a0.Store(&acc[0])
+	a1.Store(&acc[1])
+	a2.Store(&acc[2])
+	a3.Store(&acc[3])
 }
 
-func bf16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int) [4]float32 {
+func bf16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		y := loadF32(unsafe.Add(x, 4*k))
@@ -79,18 +93,21 @@ func bf16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int) [4]float32 {
 		a2 = loadBF16(unsafe.Add(w2, 2*k)).MulAdd(y, a2)
 		a3 = loadBF16(unsafe.Add(w3, 2*k)).MulAdd(y, a3)
 	}
-	return [4]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3)}
+	a0.Store(&acc[0])
+	a1.Store(&acc[1])
+	a2.Store(&acc[2])
+	a3.Store(&acc[3])
 }
 
-func bf16x1x1(x, w unsafe.Pointer, n int) float32 {
+func bf16x1x1(x, w unsafe.Pointer, n int, acc *lanes8) {
 	var a archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		a = loadBF16(unsafe.Add(w, 2*k)).MulAdd(loadF32(unsafe.Add(x, 4*k)), a)
 	}
-	return hsum(a)
+	a.Store(&acc[0])
 }
 
-func f32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int) [8]float32 {
+func f32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8) {
 	var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		u, v := loadF32(unsafe.Add(w0, 4*k)), loadF32(unsafe.Add(w1, 4*k))
@@ -103,10 +120,17 @@ func f32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int) [8]float32 {
 		y = loadF32(unsafe.Add(x3, 4*k))
 		a3, b3 = u.MulAdd(y, a3), v.MulAdd(y, b3)
 	}
-	return [8]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3), hsum(b0), hsum(b1), hsum(b2), hsum(b3)}
+	a0.Store(&acc[0])
+	a1.Store(&acc[1])
+	a2.Store(&acc[2])
+	a3.Store(&acc[3])
+	b0.Store(&acc[4])
+	b1.Store(&acc[5])
+	b2.Store(&acc[6])
+	b3.Store(&acc[7])
 }
 
-func f32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int) [4]float32 {
+func f32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		u := loadF32(unsafe.Add(w0, 4*k))
@@ -115,10 +139,13 @@ func f32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int) [4]float32 {
 		a2 = u.MulAdd(loadF32(unsafe.Add(x2, 4*k)), a2)
 		a3 = u.MulAdd(loadF32(unsafe.Add(x3, 4*k)), a3)
 	}
-	return [4]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3)}
+	a0.Store(&acc[0])
+	a1.Store(&acc[1])
+	a2.Store(&acc[2])
+	a3.Store(&acc[3])
 }
 
-func f32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int) [4]float32 {
+func f32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		y := loadF32(unsafe.Add(x, 4*k))
@@ -127,102 +154,106 @@ func f32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int) [4]float32 {
 		a2 = loadF32(unsafe.Add(w2, 4*k)).MulAdd(y, a2)
 		a3 = loadF32(unsafe.Add(w3, 4*k)).MulAdd(y, a3)
 	}
-	return [4]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3)}
+	a0.Store(&acc[0])
+	a1.Store(&acc[1])
+	a2.Store(&acc[2])
+	a3.Store(&acc[3])
 }
 
-func f32x1x1(x, w unsafe.Pointer, n int) float32 {
+func f32x1x1(x, w unsafe.Pointer, n int, acc *lanes8) {
 	var a archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
 		a = loadF32(unsafe.Add(w, 4*k)).MulAdd(loadF32(unsafe.Add(x, 4*k)), a)
 	}
-	return hsum(a)
+	a.Store(&acc[0])
 }
 
-// simdGroupBF16 is gemmGroupBF16 with the AVX2 kernels; the last K%8 products of each
-// output are added one by one.
+// simdKernels are the kernels of one weight dtype.
+type simdKernels struct {
+	k4x2 func(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8)
+	k4x1 func(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8)
+	k1x4 func(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8)
+	k1x1 func(x, w unsafe.Pointer, n int, acc *lanes8)
+}
+
+var (
+	bf16Kernels = simdKernels{bf16x4x2, bf16x4x1, bf16x1x4, bf16x1x1}
+	f32Kernels  = simdKernels{f32x4x2, f32x4x1, f32x1x4, f32x1x1}
+)
+
+// simdGroupBF16 is gemmGroupBF16 with the AVX2 kernels.
 func simdGroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
+	var wp [4]unsafe.Pointer
+	for r, row := range rows {
+		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
+	}
 	kv := K &^ 7
-	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
-	wp := func(r int) unsafe.Pointer { return unsafe.Pointer(&rows[r][0]) }
-	tail := func(m, r int) float32 {
-		var s float32
-		x, w := xs[m*K+kv:(m+1)*K], rows[r][kv:K]
+	simdGroup(res, xs, wp[:len(rows)], &bf16Kernels, M, N, K, j, func(x []float32, r int) (s float32) {
+		w := rows[r][kv:K]
 		for k, v := range x {
 			s += v * bf16(w[k])
 		}
 		return s
-	}
-	m := 0
-	for ; m+4 <= M; m += 4 {
-		r := 0
-		for ; r+2 <= len(rows); r += 2 {
-			s := bf16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp(r), wp(r+1), kv)
-			for i := range 4 {
-				res[(m+i)*N+j+r] = s[i] + tail(m+i, r)
-				res[(m+i)*N+j+r+1] = s[4+i] + tail(m+i, r+1)
-			}
-		}
-		if r < len(rows) {
-			s := bf16x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp(r), kv)
-			for i := range 4 {
-				res[(m+i)*N+j+r] = s[i] + tail(m+i, r)
-			}
-		}
-	}
-	for ; m < M; m++ {
-		if len(rows) == 4 {
-			s := bf16x1x4(xp(m), wp(0), wp(1), wp(2), wp(3), kv)
-			for r := range 4 {
-				res[m*N+j+r] = s[r] + tail(m, r)
-			}
-			continue
-		}
-		for r := range rows {
-			res[m*N+j+r] = bf16x1x1(xp(m), wp(r), kv) + tail(m, r)
-		}
-	}
+	})
 }
 
 // simdGroupF32 is gemmGroupF32 with the AVX2 kernels.
 func simdGroupF32(res, xs []float32, rows [][]float32, M, N, K, j int) {
+	var wp [4]unsafe.Pointer
+	for r, row := range rows {
+		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
+	}
 	kv := K &^ 7
-	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
-	wp := func(r int) unsafe.Pointer { return unsafe.Pointer(&rows[r][0]) }
-	tail := func(m, r int) float32 {
-		var s float32
-		x, w := xs[m*K+kv:(m+1)*K], rows[r][kv:K]
+	simdGroup(res, xs, wp[:len(rows)], &f32Kernels, M, N, K, j, func(x []float32, r int) (s float32) {
+		w := rows[r][kv:K]
 		for k, v := range x {
 			s += v * w[k]
 		}
 		return s
-	}
+	})
+}
+
+// simdGroup computes res[m*N+j+r] = x[m,:]·w_r for every row m of xs [M,K] and the weight
+// rows at wp (K > 0 elements each): vector kernels over the first K&^7 elements, then
+// tail(x[m, K&^7:], r) for the rest.
+func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, K, j int, tail func(x []float32, r int) float32) {
+	kv := K &^ 7
+	xs = xs[:M*K]
+	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
+	put := func(m, r int, a *[8]float32) { res[m*N+j+r] = hsum(a) + tail(xs[m*K+kv:(m+1)*K], r) }
+	var acc lanes8
 	m := 0
 	for ; m+4 <= M; m += 4 {
 		r := 0
-		for ; r+2 <= len(rows); r += 2 {
-			s := f32x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp(r), wp(r+1), kv)
+		for ; r+2 <= len(wp); r += 2 {
+			kern.k4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+			archsimd.ClearAVXUpperBits()
 			for i := range 4 {
-				res[(m+i)*N+j+r] = s[i] + tail(m+i, r)
-				res[(m+i)*N+j+r+1] = s[4+i] + tail(m+i, r+1)
+				put(m+i, r, &acc[i])
+				put(m+i, r+1, &acc[4+i])
 			}
 		}
-		if r < len(rows) {
-			s := f32x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp(r), kv)
+		if r < len(wp) {
+			kern.k4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+			archsimd.ClearAVXUpperBits()
 			for i := range 4 {
-				res[(m+i)*N+j+r] = s[i] + tail(m+i, r)
+				put(m+i, r, &acc[i])
 			}
 		}
 	}
 	for ; m < M; m++ {
-		if len(rows) == 4 {
-			s := f32x1x4(xp(m), wp(0), wp(1), wp(2), wp(3), kv)
+		if len(wp) == 4 {
+			kern.k1x4(xp(m), wp[0], wp[1], wp[2], wp[3], kv, &acc)
+			archsimd.ClearAVXUpperBits()
 			for r := range 4 {
-				res[m*N+j+r] = s[r] + tail(m, r)
+				put(m, r, &acc[r])
 			}
 			continue
 		}
-		for r := range rows {
-			res[m*N+j+r] = f32x1x1(xp(m), wp(r), kv) + tail(m, r)
+		for r := range wp {
+			kern.k1x1(xp(m), wp[r], kv, &acc)
+			archsimd.ClearAVXUpperBits()
+			put(m, r, &acc[0])
 		}
 	}
 }
