@@ -135,15 +135,15 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 			p.paramBytes += t.Numel() * t.DType.Size()
 			continue
 		}
-		outs, constShapes := resolveOuts(n, nil)
-		if constShapes == nil && p.foldable(n, slot) {
+		outs, symErr := resolveOuts(n, nil) // an error: the output shapes hold symbols
+		if symErr == nil && p.foldable(n, slot) {
 			if err := p.fold(ctx, n, kernels[i], outs, slot, uses); err != nil {
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 			}
 			continue
 		}
 		st := step{node: n, kernel: kernels[i]}
-		if constShapes == nil {
+		if symErr == nil {
 			st.outs = outs
 		}
 		for _, in := range n.Inputs {
@@ -164,7 +164,7 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 }
 
 // foldable reports whether every input of n is already a fixed value (a param, a const or
-// a folded node). Nodes without inputs other than params (const, iota) are foldable too.
+// a folded node); nodes without inputs (const, iota) are foldable too.
 func (p *Program) foldable(n *graph.Node, slot map[*graph.Value]int) bool {
 	for _, in := range n.Inputs {
 		if p.fixed[slot[in]] == nil {

@@ -9,6 +9,12 @@
 // result in the node's declared output dtype. Faster kernels (fused ops, SIMD, tuned GEMMs)
 // replace them with Register; Reference keeps the originals reachable so tests can hold the
 // fast ones equal to them.
+//
+// The fast kernels registered by this package (fast_linear.go, fast_fused.go) cover linear,
+// matmul and the fused ops rmsnorm, add_rmsnorm, rope, repeat_kv, sdpa and swiglu. They split
+// their work over a shared pool of GOMAXPROCS workers and keep bf16 weights as bf16, widening
+// them inside the kernel. Built with GOEXPERIMENT=simd on amd64, linear uses AVX2/FMA
+// kernels when the CPU has them (fast_linear_simd.go); otherwise portable Go.
 package cpu
 
 import (
