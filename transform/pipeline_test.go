@@ -1,0 +1,201 @@
+package transform_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/model"
+	_ "github.com/loom-ml/loom/model/all" // register every frontend
+	"github.com/loom-ml/loom/tensor"
+	"github.com/loom-ml/loom/transform"
+)
+
+// fixture is a testdata checkpoint and the match counts the default pipeline must report on
+// it: every pattern found once per place the frontend wrote it.
+type fixture struct {
+	name   string
+	layers int
+	gqa    bool // KV heads fewer than query heads: repeat_kv matches twice per layer
+	qkNorm bool // Qwen3: two more norms per layer
+}
+
+var fixtures = []fixture{
+	{name: "tiny-llama", layers: 2, gqa: true},
+	{name: "tiny-llama31", layers: 2, gqa: true},
+	{name: "tiny-llama2", layers: 2},
+	{name: "tiny-mistral", layers: 2, gqa: true},
+	{name: "tiny-qwen2", layers: 2, gqa: true},
+	{name: "tiny-qwen3", layers: 2, gqa: true, qkNorm: true},
+	{name: "tiny-gqa6", layers: 2, gqa: true},
+}
+
+// wantMatches is what each transform of the default pipeline must report on f.
+func (f fixture) wantMatches() map[string]int {
+	l := f.layers
+	want := map[string]int{
+		"match_rmsnorm_pattern": 2*l + 1,
+		"match_rope_pattern":    l,
+		"match_repeat_kv":       0,
+		"match_eager_attention": l,
+		"match_swiglu_pattern":  l,
+		"fuse_gemms":            2 * l, // q/k/v and gate/up
+		"fuse_add_rmsnorm":      2 * l, // every residual add but the embedding's is normed next
+	}
+	if f.qkNorm {
+		want["match_rmsnorm_pattern"] += 2 * l
+	}
+	if f.gqa {
+		want["match_repeat_kv"] = 2 * l
+	}
+	return want
+}
+
+// openFixture opens a testdata checkpoint and builds its plain graph.
+func openFixture(t *testing.T, name string) (*model.Model, *graph.Graph) {
+	t.Helper()
+	m, err := model.Open(filepath.Join("..", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	g, err := model.BuildGraph(m.Config, model.BuildOptions{Tensors: m.Checkpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, g
+}
+
+// optimize runs the default pipeline and returns the final graph and the match counts.
+func optimize(t *testing.T, m *model.Model, g *graph.Graph) (*graph.Graph, map[string]int) {
+	t.Helper()
+	c := &transform.Context{Arch: m.Config.ModelType, WorldSize: 1, Weights: m.Checkpoint}
+	graphs, results, err := (&transform.Optimizer{Check: true}).Run(context.Background(), c, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, r := range results {
+		got[r.Name] = r.Info.Matches
+	}
+	return graphs[0], got
+}
+
+func TestPipelineMatchCounts(t *testing.T) {
+	for _, f := range fixtures {
+		t.Run(f.name, func(t *testing.T) {
+			m, g := openFixture(t, f.name)
+			if m.Config.NumHiddenLayers != f.layers {
+				t.Fatalf("%s has %d layers, the table says %d", f.name, m.Config.NumHiddenLayers, f.layers)
+			}
+			out, got := optimize(t, m, g)
+			for name, want := range f.wantMatches() {
+				if got[name] != want {
+					t.Errorf("%s: matches=%d, want %d", name, got[name], want)
+				}
+			}
+			ops := map[string]int{}
+			for _, n := range out.Nodes {
+				ops[n.Op]++
+			}
+			// What the fused ops replaced must be gone, shared tables and mask included.
+			for _, op := range []string{"rsqrt", "softmax", "silu", "pow", "cos", "sin", "where", "expand", "neg", "repeat_kv"} {
+				if ops[op] > 0 {
+					t.Errorf("%d %s node(s) left after the pipeline:\n%s", ops[op], op, out)
+				}
+			}
+			// The first layer's input norm reads the embedding, not a residual add.
+			norms := 1
+			if f.qkNorm {
+				norms += 2 * f.layers
+			}
+			for op, want := range map[string]int{"rope": f.layers, "sdpa": f.layers, "swiglu": f.layers, "add_rmsnorm": 2 * f.layers, "rmsnorm": norms} {
+				if ops[op] != want {
+					t.Errorf("%d %s nodes, want %d", ops[op], op, want)
+				}
+			}
+		})
+	}
+}
+
+// reference is the part of a fixture's reference.json (Hugging Face transformers, f32) that
+// the parity test reads; see engine/parity_test.go.
+type reference struct {
+	Prompts []struct {
+		Text       string      `json:"text"`
+		IDs        []int       `json:"ids"`
+		LastLogits []float32   `json:"last_logits"`
+		AllLogits  [][]float32 `json:"all_logits"`
+	} `json:"prompts"`
+}
+
+// logitTol is engine/parity_test.go's tolerance against Hugging Face's f32 logits.
+const logitTol = 1e-3
+
+// TestPipelineParity runs each fixture's optimized graph on the CPU backend and holds its
+// logits to Hugging Face's. The prompts are fed as the reference saw them for its logits, a
+// leading BOS included (engine/parity_test.go drops it only for greedy generation).
+func TestPipelineParity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every fixture model")
+	}
+	for _, f := range fixtures {
+		t.Run(f.name, func(t *testing.T) {
+			m, g := openFixture(t, f.name)
+			data, err := os.ReadFile(filepath.Join(m.Dir, "reference.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref reference
+			if err := json.Unmarshal(data, &ref); err != nil {
+				t.Fatalf("reference.json: %v", err)
+			}
+			out, _ := optimize(t, m, g)
+			prog, err := cpu.Compile(context.Background(), out, m.Checkpoint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range ref.Prompts {
+				ids, pos := make([]int32, len(p.IDs)), make([]int32, len(p.IDs))
+				for i, id := range p.IDs {
+					ids[i], pos[i] = int32(id), int32(i)
+				}
+				outs, err := prog.Run(context.Background(), map[string]*tensor.Tensor{
+					"input_ids": tensor.FromI32(ids, 1, len(ids)),
+					"positions": tensor.FromI32(pos, 1, len(pos)),
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				logits, vocab := outs[0].Float32s(), outs[0].Shape[2]
+				last := logits[(len(ids)-1)*vocab:]
+				if d, at := maxAbsDiff(last, p.LastLogits); d > logitTol {
+					t.Errorf("%q: last-position logits differ by %.2e at token %d (tolerance %.0e)", p.Text, d, at, logitTol)
+				}
+				for i, row := range p.AllLogits {
+					if d, at := maxAbsDiff(logits[i*vocab:(i+1)*vocab], row); d > logitTol {
+						t.Errorf("%q: position %d logits differ by %.2e at token %d", p.Text, i, d, at)
+					}
+				}
+			}
+		})
+	}
+}
+
+func maxAbsDiff(a, b []float32) (float64, int) {
+	if len(a) != len(b) {
+		return math.Inf(1), -1
+	}
+	worst, at := 0.0, -1
+	for i := range a {
+		if d := math.Abs(float64(a[i] - b[i])); d > worst || math.IsNaN(d) {
+			worst, at = d, i
+		}
+	}
+	return worst, at
+}
