@@ -228,15 +228,19 @@ func (w *world) group(rank int, ranks []int) (*group, error) {
 		dead:  make(chan struct{}),
 	}
 	var failed []int
-	var causes []string
+	format, args := "%w: ", []any{dist.ErrPeerFailed}
 	for _, r := range ranks {
 		if err, ok := w.failed[r]; ok {
+			if len(failed) > 0 {
+				format += "; "
+			}
 			failed = append(failed, r)
-			causes = append(causes, fmt.Sprintf("rank %d aborted: %v", r, err))
+			format += "rank %d aborted: %w"
+			args = append(args, r, err)
 		}
 	}
 	if len(failed) > 0 {
-		g.killLocked(fmt.Errorf("%w: %s", dist.ErrPeerFailed, strings.Join(causes, "; ")), failed)
+		g.killLocked(fmt.Errorf(format, args...), failed)
 	}
 	w.groups[key] = g
 	return g, nil
