@@ -31,6 +31,14 @@
 // all. A match is refused when a value computed inside it (other than the root's) is used
 // outside it or is a graph output, since replacing the match would then change or lose it;
 // nodes without inputs (constants, params) may be shared with the rest of the graph.
+//
+// MatchShared and FindAllShared lift that refusal, to read a producer chain that several
+// consumers share (rotary tables, an attention mask computed once for every layer) or to
+// replace values of a match that stay in use. Replacements come in three sizes: Replace
+// swaps one match's root; ReplaceValues swaps chosen values of a match, such as a residual
+// add and the norm of its sum for a fused op with both outputs; ReplaceJointly swaps the
+// roots of several matches for one set of nodes, such as the q and k rotary applications of
+// a layer for one rope node. Rewrite does the same for values found without a pattern.
 package pattern
 
 import (
