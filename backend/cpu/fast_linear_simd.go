@@ -21,21 +21,21 @@ func init() {
 	}
 }
 
-// loadBF16 widens the eight bf16 values at p.
-func loadBF16(p unsafe.Pointer) archsimd.Float32x8 {
+// simdLoadBF16 widens the eight bf16 values at p.
+func simdLoadBF16(p unsafe.Pointer) archsimd.Float32x8 {
 	return archsimd.LoadUint16x8((*[8]uint16)(p)).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
 }
 
-// loadF32 loads the eight float32 values at p.
-func loadF32(p unsafe.Pointer) archsimd.Float32x8 {
+// simdLoadF32 loads the eight float32 values at p.
+func simdLoadF32(p unsafe.Pointer) archsimd.Float32x8 {
 	return archsimd.LoadFloat32x8((*[8]float32)(p))
 }
 
-// lanes8 holds the eight lanes of up to eight accumulators.
-type lanes8 = [8][8]float32
+// simdLanes holds the eight lanes of up to eight accumulators.
+type simdLanes = [8][8]float32
 
-// hsum adds the eight lanes of an accumulator, pairwise.
-func hsum(a *[8]float32) float32 {
+// simdHsum adds the eight lanes of an accumulator, pairwise.
+func simdHsum(a *[8]float32) float32 {
 	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
@@ -46,17 +46,17 @@ func hsum(a *[8]float32) float32 {
 // any scalar float code (the SSE instructions Go emits for it would otherwise pay for every
 // AVX-to-SSE transition).
 
-func bf16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8) {
+func bf16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes) {
 	var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		u, v := loadBF16(unsafe.Add(w0, 2*k)), loadBF16(unsafe.Add(w1, 2*k))
-		y := loadF32(unsafe.Add(x0, 4*k))
+		u, v := simdLoadBF16(unsafe.Add(w0, 2*k)), simdLoadBF16(unsafe.Add(w1, 2*k))
+		y := simdLoadF32(unsafe.Add(x0, 4*k))
 		a0, b0 = u.MulAdd(y, a0), v.MulAdd(y, b0)
-		y = loadF32(unsafe.Add(x1, 4*k))
+		y = simdLoadF32(unsafe.Add(x1, 4*k))
 		a1, b1 = u.MulAdd(y, a1), v.MulAdd(y, b1)
-		y = loadF32(unsafe.Add(x2, 4*k))
+		y = simdLoadF32(unsafe.Add(x2, 4*k))
 		a2, b2 = u.MulAdd(y, a2), v.MulAdd(y, b2)
-		y = loadF32(unsafe.Add(x3, 4*k))
+		y = simdLoadF32(unsafe.Add(x3, 4*k))
 		a3, b3 = u.MulAdd(y, a3), v.MulAdd(y, b3)
 	}
 	a0.Store(&acc[0])
@@ -69,14 +69,14 @@ func bf16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8) {
 	b3.Store(&acc[7])
 }
 
-func bf16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8) {
+func bf16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		u := loadBF16(unsafe.Add(w0, 2*k))
-		a0 = u.MulAdd(loadF32(unsafe.Add(x0, 4*k)), a0)
-		a1 = u.MulAdd(loadF32(unsafe.Add(x1, 4*k)), a1)
-		a2 = u.MulAdd(loadF32(unsafe.Add(x2, 4*k)), a2)
-		a3 = u.MulAdd(loadF32(unsafe.Add(x3, 4*k)), a3)
+		u := simdLoadBF16(unsafe.Add(w0, 2*k))
+		a0 = u.MulAdd(simdLoadF32(unsafe.Add(x0, 4*k)), a0)
+		a1 = u.MulAdd(simdLoadF32(unsafe.Add(x1, 4*k)), a1)
+		a2 = u.MulAdd(simdLoadF32(unsafe.Add(x2, 4*k)), a2)
+		a3 = u.MulAdd(simdLoadF32(unsafe.Add(x3, 4*k)), a3)
 	}
 	a0.Store(&acc[0])
 	a1.Store(&acc[1])
@@ -84,14 +84,14 @@ func bf16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8) {
 	a3.Store(&acc[3])
 }
 
-func bf16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8) {
+func bf16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *simdLanes) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		y := loadF32(unsafe.Add(x, 4*k))
-		a0 = loadBF16(unsafe.Add(w0, 2*k)).MulAdd(y, a0)
-		a1 = loadBF16(unsafe.Add(w1, 2*k)).MulAdd(y, a1)
-		a2 = loadBF16(unsafe.Add(w2, 2*k)).MulAdd(y, a2)
-		a3 = loadBF16(unsafe.Add(w3, 2*k)).MulAdd(y, a3)
+		y := simdLoadF32(unsafe.Add(x, 4*k))
+		a0 = simdLoadBF16(unsafe.Add(w0, 2*k)).MulAdd(y, a0)
+		a1 = simdLoadBF16(unsafe.Add(w1, 2*k)).MulAdd(y, a1)
+		a2 = simdLoadBF16(unsafe.Add(w2, 2*k)).MulAdd(y, a2)
+		a3 = simdLoadBF16(unsafe.Add(w3, 2*k)).MulAdd(y, a3)
 	}
 	a0.Store(&acc[0])
 	a1.Store(&acc[1])
@@ -99,25 +99,25 @@ func bf16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8) {
 	a3.Store(&acc[3])
 }
 
-func bf16x1x1(x, w unsafe.Pointer, n int, acc *lanes8) {
+func bf16x1x1(x, w unsafe.Pointer, n int, acc *simdLanes) {
 	var a archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		a = loadBF16(unsafe.Add(w, 2*k)).MulAdd(loadF32(unsafe.Add(x, 4*k)), a)
+		a = simdLoadBF16(unsafe.Add(w, 2*k)).MulAdd(simdLoadF32(unsafe.Add(x, 4*k)), a)
 	}
 	a.Store(&acc[0])
 }
 
-func f32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8) {
+func f32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes) {
 	var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		u, v := loadF32(unsafe.Add(w0, 4*k)), loadF32(unsafe.Add(w1, 4*k))
-		y := loadF32(unsafe.Add(x0, 4*k))
+		u, v := simdLoadF32(unsafe.Add(w0, 4*k)), simdLoadF32(unsafe.Add(w1, 4*k))
+		y := simdLoadF32(unsafe.Add(x0, 4*k))
 		a0, b0 = u.MulAdd(y, a0), v.MulAdd(y, b0)
-		y = loadF32(unsafe.Add(x1, 4*k))
+		y = simdLoadF32(unsafe.Add(x1, 4*k))
 		a1, b1 = u.MulAdd(y, a1), v.MulAdd(y, b1)
-		y = loadF32(unsafe.Add(x2, 4*k))
+		y = simdLoadF32(unsafe.Add(x2, 4*k))
 		a2, b2 = u.MulAdd(y, a2), v.MulAdd(y, b2)
-		y = loadF32(unsafe.Add(x3, 4*k))
+		y = simdLoadF32(unsafe.Add(x3, 4*k))
 		a3, b3 = u.MulAdd(y, a3), v.MulAdd(y, b3)
 	}
 	a0.Store(&acc[0])
@@ -130,14 +130,14 @@ func f32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8) {
 	b3.Store(&acc[7])
 }
 
-func f32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8) {
+func f32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		u := loadF32(unsafe.Add(w0, 4*k))
-		a0 = u.MulAdd(loadF32(unsafe.Add(x0, 4*k)), a0)
-		a1 = u.MulAdd(loadF32(unsafe.Add(x1, 4*k)), a1)
-		a2 = u.MulAdd(loadF32(unsafe.Add(x2, 4*k)), a2)
-		a3 = u.MulAdd(loadF32(unsafe.Add(x3, 4*k)), a3)
+		u := simdLoadF32(unsafe.Add(w0, 4*k))
+		a0 = u.MulAdd(simdLoadF32(unsafe.Add(x0, 4*k)), a0)
+		a1 = u.MulAdd(simdLoadF32(unsafe.Add(x1, 4*k)), a1)
+		a2 = u.MulAdd(simdLoadF32(unsafe.Add(x2, 4*k)), a2)
+		a3 = u.MulAdd(simdLoadF32(unsafe.Add(x3, 4*k)), a3)
 	}
 	a0.Store(&acc[0])
 	a1.Store(&acc[1])
@@ -145,14 +145,14 @@ func f32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8) {
 	a3.Store(&acc[3])
 }
 
-func f32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8) {
+func f32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *simdLanes) {
 	var a0, a1, a2, a3 archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		y := loadF32(unsafe.Add(x, 4*k))
-		a0 = loadF32(unsafe.Add(w0, 4*k)).MulAdd(y, a0)
-		a1 = loadF32(unsafe.Add(w1, 4*k)).MulAdd(y, a1)
-		a2 = loadF32(unsafe.Add(w2, 4*k)).MulAdd(y, a2)
-		a3 = loadF32(unsafe.Add(w3, 4*k)).MulAdd(y, a3)
+		y := simdLoadF32(unsafe.Add(x, 4*k))
+		a0 = simdLoadF32(unsafe.Add(w0, 4*k)).MulAdd(y, a0)
+		a1 = simdLoadF32(unsafe.Add(w1, 4*k)).MulAdd(y, a1)
+		a2 = simdLoadF32(unsafe.Add(w2, 4*k)).MulAdd(y, a2)
+		a3 = simdLoadF32(unsafe.Add(w3, 4*k)).MulAdd(y, a3)
 	}
 	a0.Store(&acc[0])
 	a1.Store(&acc[1])
@@ -160,20 +160,20 @@ func f32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8) {
 	a3.Store(&acc[3])
 }
 
-func f32x1x1(x, w unsafe.Pointer, n int, acc *lanes8) {
+func f32x1x1(x, w unsafe.Pointer, n int, acc *simdLanes) {
 	var a archsimd.Float32x8
 	for k := 0; k < n; k += 8 {
-		a = loadF32(unsafe.Add(w, 4*k)).MulAdd(loadF32(unsafe.Add(x, 4*k)), a)
+		a = simdLoadF32(unsafe.Add(w, 4*k)).MulAdd(simdLoadF32(unsafe.Add(x, 4*k)), a)
 	}
 	a.Store(&acc[0])
 }
 
 // simdKernels are the kernels of one weight dtype.
 type simdKernels struct {
-	k4x2 func(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *lanes8)
-	k4x1 func(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *lanes8)
-	k1x4 func(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *lanes8)
-	k1x1 func(x, w unsafe.Pointer, n int, acc *lanes8)
+	k4x2 func(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+	k4x1 func(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+	k1x4 func(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *simdLanes)
+	k1x1 func(x, w unsafe.Pointer, n int, acc *simdLanes)
 }
 
 var (
@@ -220,8 +220,8 @@ func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, 
 	kv := K &^ 7
 	xs = xs[:M*K]
 	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
-	put := func(m, r int, a *[8]float32) { res[m*N+j+r] = hsum(a) + tail(xs[m*K+kv:(m+1)*K], r) }
-	var acc lanes8
+	put := func(m, r int, a *[8]float32) { res[m*N+j+r] = simdHsum(a) + tail(xs[m*K+kv:(m+1)*K], r) }
+	var acc simdLanes
 	m := 0
 	for ; m+4 <= M; m += 4 {
 		r := 0
