@@ -99,6 +99,9 @@ func TestPipelineMatchCounts(t *testing.T) {
 					t.Errorf("%s: matches=%d, want %d", name, got[name], want)
 				}
 			}
+			if n := transform.RemoveDeadCode(out.Clone()); n > 0 {
+				t.Errorf("%d dead nodes left after the pipeline", n)
+			}
 			ops := map[string]int{}
 			for _, n := range out.Nodes {
 				ops[n.Op]++
@@ -198,4 +201,66 @@ func maxAbsDiff(a, b []float32) (float64, int) {
 		}
 	}
 	return worst, at
+}
+
+// bf16Tol bounds how far the optimized graph's logits may stray from the plain graph's with
+// bf16 activations: a fused kernel may keep an intermediate in f32 where the primitives round
+// it to bf16 (today the CPU backend's fused kernels round as the primitives do).
+const bf16Tol = 0.05
+
+// TestPipelineBF16 runs the pipeline on graphs with bf16 activations, where every cast the
+// frontend writes survives post_export: the same patterns must match as in f32, and the
+// optimized graph must compute what the plain graph computes on the CPU backend, up to the
+// rounding that bf16 intermediates allow.
+func TestPipelineBF16(t *testing.T) {
+	for _, f := range fixtures {
+		t.Run(f.name, func(t *testing.T) {
+			m, err := model.Open(filepath.Join("..", "testdata", f.name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			build := func() *graph.Graph {
+				g, err := model.BuildGraph(m.Config, model.BuildOptions{Tensors: m.Checkpoint, ActivationDType: tensor.BF16})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return g
+			}
+			plain := build()
+			out, got := optimize(t, m, build())
+			for name, want := range f.wantMatches() {
+				if got[name] != want {
+					t.Errorf("%s: matches=%d, want %d", name, got[name], want)
+				}
+			}
+			ids := []int32{1, 5, 9, 3, 7, 2, 8, 4, 6, 11, 13, 12}
+			pos := make([]int32, len(ids))
+			for i := range pos {
+				pos[i] = int32(i)
+			}
+			run := func(g *graph.Graph) []float32 {
+				prog, err := cpu.Compile(context.Background(), g, m.Checkpoint)
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs, err := prog.Run(context.Background(), map[string]*tensor.Tensor{
+					"input_ids": tensor.FromI32(ids, 1, len(ids)),
+					"positions": tensor.FromI32(pos, 1, len(pos)),
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return outs[0].Float32s()
+			}
+			want, have := run(plain), run(out)
+			zero := make([]float32, len(want))
+			if scale, _ := maxAbsDiff(want, zero); scale < 1e-3 {
+				t.Fatalf("the plain graph's logits are all about 0 (max %.2g): nothing to compare", scale)
+			}
+			if d, at := maxAbsDiff(have, want); d > bf16Tol {
+				t.Errorf("logits of the optimized graph differ from the plain graph's by %.3g at %d (tolerance %g)", d, at, bf16Tol)
+			}
+		})
+	}
 }
