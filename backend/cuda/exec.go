@@ -1,0 +1,561 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// opKernel lowers one graph op to device work.
+type opKernel struct {
+	// view marks ops whose output is the input reinterpreted: no kernel, no memory.
+	view bool
+	// prepare, when set, runs once at compile time; its result is passed to run.
+	prepare func(d *Device, n *graph.Node) (any, error)
+	run     func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
+}
+
+// opKernels is the table of ops the executor lowers. An op missing here is a compile-time
+// error: there is no silent CPU fallback.
+var opKernels = map[string]*opKernel{
+	"embedding": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.embedding(out[0], in[0], in[1])
+	}},
+	"rmsnorm": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.rmsnorm(out[0], in[0], in[1], float32(n.Attrs.Float("eps")))
+	}},
+	"add_rmsnorm": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.addRMSNorm(out[0], out[1], in[0], in[1], in[2], float32(n.Attrs.Float("eps")))
+	}},
+	"rope": {
+		prepare: func(d *Device, n *graph.Node) (any, error) {
+			inv := n.Attrs.Floats("inv_freq")
+			f := make([]float32, len(inv))
+			for i, v := range inv {
+				f[i] = float32(v)
+			}
+			return d.upload(tensor.FromF32(f, len(f)))
+		},
+		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
+			return d.rope(out[0], out[1], in[0], in[1], in[2], state.(*Tensor), float32(n.Attrs.Float("scaling")))
+		},
+	},
+	"sdpa": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.sdpa(out[0], in[0], in[1], in[2], in[3], float32(n.Attrs.Float("scale")), n.Attrs.Int("window"))
+	}},
+	"swiglu": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.swiglu(out[0], in[0], in[1])
+	}},
+	"add": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.binary("add", out[0], in[0], in[1])
+	}},
+	"mul": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.binary("mul", out[0], in[0], in[1])
+	}},
+	"linear": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.linear(out[0], in[0], in[1])
+	}},
+	"cast": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.cast(out[0], in[0])
+	}},
+	"reshape": {view: true},
+	"transpose": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.transpose(out[0], in[0], n.Attrs.Ints("perm"))
+	}},
+	"slice": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
+		if err != nil {
+			return err
+		}
+		return d.slice(out[0], in[0], ax, n.Attrs.Int("start"), n.Attrs.Int("end"), n.Attrs.Int("step"))
+	}},
+	"concat": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
+		if err != nil {
+			return err
+		}
+		return d.concat(out[0], ax, in)
+	}},
+	"split": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
+		if err != nil {
+			return err
+		}
+		start := 0
+		for i, o := range out {
+			size := n.Attrs.Ints("sizes")[i]
+			if err := d.slice(o, in[0], ax, start, start+size, 1); err != nil {
+				return err
+			}
+			start += size
+		}
+		return nil
+	}},
+	"expand": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.expand(out[0], in[0])
+	}},
+	"repeat_kv": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.repeatKV(out[0], in[0], n.Attrs.Int("n"))
+	}},
+}
+
+// Ops lists the graph ops the CUDA executor runs (besides param and const, which it loads).
+func Ops() []string { return slices.Sorted(maps.Keys(opKernels)) }
+
+// repeatKV copies each KV head of x[B,KV,S,D] n times in place into out[B,KV*n,S,D].
+func (d *Device) repeatKV(out, x *Tensor, n int) error {
+	if err := checkLive(out, x); err != nil {
+		return fmt.Errorf("cuda: repeat_kv: %w", err)
+	}
+	if len(x.Shape) != 4 || n < 1 {
+		return fmt.Errorf("cuda: repeat_kv: want x [B,KV,S,D] and n >= 1, got %v and %d", x.Shape, n)
+	}
+	B, KV, S, D := x.Shape[0], x.Shape[1], x.Shape[2], x.Shape[3]
+	if err := checkOut("output", out, x.DType, []int{B, KV * n, S, D}); err != nil {
+		return fmt.Errorf("cuda: repeat_kv: %w", err)
+	}
+	dims := []int{B, KV, n, S, D}
+	st := rowStrides(x.Shape)
+	return d.copyStrided(out, x, dims, []int64{st[0], st[1], 0, st[2], st[3]}, rowStrides(dims), 0, 0)
+}
+
+// Program is a graph compiled for one GPU: its kernels chosen, its parameters and constants
+// on the device. Run binds the symbolic dimensions from the inputs, lays all intermediate
+// values out in one arena by a static memory plan (made once per set of bindings), runs
+// the kernels in order on the device's stream and copies the outputs back. Runs of one
+// Program, and of Programs on one Device, take turns.
+type Program struct {
+	dev     *Device
+	g       *graph.Graph
+	values  []*graph.Value // per slot: graph inputs, then node outputs in order
+	inputs  []int          // slot of each graph input
+	fixed   []*Tensor      // per slot: params, consts and values folded at compile time
+	root    []int          // per slot: the slot whose memory it uses (views share their input's)
+	steps   []step
+	outputs []int
+	states  []*Tensor // device memory prepared for steps, freed by Close
+
+	mu    sync.Mutex
+	plans map[string]*memPlan
+	arena *Tensor // the largest arena any run needed so far, reused by every run
+
+	// Folded counts the nodes evaluated at compile time.
+	Folded int
+}
+
+type step struct {
+	node    *graph.Node
+	k       *opKernel
+	in, out []int
+	state   any
+}
+
+// Compile prepares g to run on d: it verifies the graph, checks that every op has a CUDA
+// kernel (naming each op that has none), uploads every param (read through w) and const,
+// and evaluates once every node whose inputs are all params or consts. w may be nil for a
+// graph without params.
+func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights) (*Program, error) {
+	if g == nil {
+		return nil, errors.New("cuda: compile: nil graph")
+	}
+	if err := graph.Verify(g); err != nil {
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
+	}
+	var missing []string
+	for _, n := range g.Nodes {
+		if n.Op == graph.OpParam || n.Op == graph.OpConst {
+			continue
+		}
+		if _, ok := opKernels[n.Op]; !ok {
+			missing = append(missing, fmt.Sprintf("no CUDA kernel for op %q (node %s)", n.Op, nodeText(n)))
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("cuda: compile %s: %s", g.Name, strings.Join(missing, "; "))
+	}
+	if err := checkSymbols(g); err != nil {
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
+	}
+	p := &Program{dev: d, g: g, plans: map[string]*memPlan{}}
+	slot := map[*graph.Value]int{}
+	add := func(v *graph.Value) int {
+		slot[v] = len(p.values)
+		p.values = append(p.values, v)
+		p.root = append(p.root, len(p.root))
+		return slot[v]
+	}
+	for _, v := range g.Inputs {
+		p.inputs = append(p.inputs, add(v))
+	}
+	for _, n := range g.Nodes {
+		for _, o := range n.Outputs {
+			add(o)
+		}
+	}
+	p.fixed = make([]*Tensor, len(p.values))
+	err := d.do(func() error {
+		for _, n := range g.Nodes {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := p.compileNode(ctx, n, slot, w); err != nil {
+				return err
+			}
+		}
+		return d.sync()
+	})
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
+	}
+	for _, o := range g.Outputs {
+		p.outputs = append(p.outputs, slot[o])
+	}
+	return p, nil
+}
+
+// compileNode loads a param or const, evaluates a node of fixed inputs, or records a step.
+func (p *Program) compileNode(ctx context.Context, n *graph.Node, slot map[*graph.Value]int, w backend.Weights) error {
+	d := p.dev
+	switch n.Op {
+	case graph.OpParam:
+		h, err := loadParam(ctx, n, w)
+		if err != nil {
+			return err
+		}
+		t, err := d.upload(h)
+		if err != nil {
+			return fmt.Errorf("param %s: %w", n.Attrs.String("key"), err)
+		}
+		p.fixed[slot[n.Out()]] = t
+		return nil
+	case graph.OpConst:
+		h, err := constTensor(n)
+		if err != nil {
+			return err
+		}
+		t, err := d.upload(h)
+		if err != nil {
+			return fmt.Errorf("const %s: %w", n.Out(), err)
+		}
+		p.fixed[slot[n.Out()]] = t
+		return nil
+	}
+	k := opKernels[n.Op]
+	st := step{node: n, k: k}
+	for _, in := range n.Inputs {
+		st.in = append(st.in, slot[in])
+	}
+	for _, o := range n.Outputs {
+		st.out = append(st.out, slot[o])
+	}
+	if k.prepare != nil {
+		s, err := k.prepare(d, n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", nodeText(n), err)
+		}
+		st.state = s
+		if t, ok := s.(*Tensor); ok {
+			p.states = append(p.states, t)
+		}
+	}
+	if k.view {
+		p.root[st.out[0]] = p.root[st.in[0]]
+	}
+	// Fold nodes whose inputs are all fixed and whose outputs have constant shapes.
+	foldable := true
+	for _, s := range st.in {
+		foldable = foldable && p.fixed[s] != nil
+	}
+	var outs []*Tensor
+	for _, o := range n.Outputs {
+		shape, err := o.Type.Shape.Resolve(nil)
+		if err != nil {
+			foldable = false
+			break
+		}
+		outs = append(outs, &Tensor{DType: o.Type.DType, Shape: shape})
+	}
+	if !foldable {
+		p.steps = append(p.steps, st)
+		return nil
+	}
+	in := make([]*Tensor, len(st.in))
+	for i, s := range st.in {
+		in[i] = p.fixed[s]
+	}
+	if k.view {
+		v, err := in[0].View(outs[0].Shape...)
+		if err != nil {
+			return err
+		}
+		p.fixed[st.out[0]] = v
+		p.Folded++
+		return nil
+	}
+	for i, o := range outs {
+		t, err := d.allocTensor(o.DType, o.Shape)
+		if err != nil {
+			return err
+		}
+		outs[i] = t
+		p.fixed[st.out[i]] = t
+	}
+	if err := k.run(d, n, in, outs, st.state); err != nil {
+		return fmt.Errorf("fold %s: %w", nodeText(n), err)
+	}
+	p.Folded++
+	return nil
+}
+
+// Close frees the program's device memory (params, consts, folded values, arenas).
+func (p *Program) Close() error {
+	if p == nil || p.dev == nil {
+		return nil
+	}
+	return p.dev.do(func() error {
+		owned := map[*block]bool{}
+		for _, t := range append(slices.Clone(p.fixed), p.states...) {
+			if t != nil && t.blk != nil && !owned[t.blk] {
+				owned[t.blk] = true
+				p.dev.Free(t)
+			}
+		}
+		p.fixed, p.states = nil, nil
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.dev.Free(p.arena)
+		p.arena = nil
+		p.plans = map[string]*memPlan{}
+		return nil
+	})
+}
+
+// Graph returns the graph the program was compiled from.
+func (p *Program) Graph() *graph.Graph { return p.g }
+
+// WeightBytes is the device memory the program holds between runs for params, consts and
+// folded values.
+func (p *Program) WeightBytes() int {
+	n := 0
+	for _, t := range p.fixed {
+		if t != nil && t.blk != nil {
+			n += int(t.blk.size)
+		}
+	}
+	return n
+}
+
+// memPlan is the static memory layout of one run for one binding of the symbols: every
+// value that is not fixed gets an offset in one arena, and values whose lifetimes overlap
+// never share bytes.
+type memPlan struct {
+	shapes  [][]int // per slot: concrete shape
+	offsets []int64 // per root slot: byte offset in the arena (-1: not planned)
+	size    int64
+}
+
+// maxPlans bounds the plans a Program keeps (one per set of symbol bindings).
+const maxPlans = 256
+
+// align is the alignment of every value in an arena.
+const align = 256
+
+func (p *Program) plan(env map[string]int) (*memPlan, error) {
+	keys := slices.Sorted(maps.Keys(env))
+	var kb strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&kb, "%s=%d,", k, env[k])
+	}
+	key := kb.String()
+	if pl, ok := p.plans[key]; ok {
+		return pl, nil
+	}
+	pl := &memPlan{shapes: make([][]int, len(p.values)), offsets: make([]int64, len(p.values))}
+	for s, v := range p.values {
+		shape, err := v.Type.Shape.Resolve(env)
+		if err != nil {
+			return nil, err
+		}
+		pl.shapes[s] = shape
+		pl.offsets[s] = -1
+	}
+	// Lifetimes of root slots in step indices: graph inputs are defined before step 0, graph
+	// outputs live past the last step.
+	const before = -1
+	first := make([]int, len(p.values))
+	last := make([]int, len(p.values))
+	for i := range first {
+		first[i], last[i] = math.MaxInt, math.MinInt
+	}
+	touch := func(s, i int) {
+		r := p.root[s]
+		first[r] = min(first[r], i)
+		last[r] = max(last[r], i)
+	}
+	for _, s := range p.inputs {
+		touch(s, before)
+	}
+	for i, st := range p.steps {
+		for _, s := range st.in {
+			touch(s, i)
+		}
+		for _, s := range st.out {
+			touch(s, i)
+		}
+	}
+	for _, s := range p.outputs {
+		touch(s, len(p.steps))
+	}
+	type buf struct {
+		slot        int
+		size        int64
+		first, last int
+	}
+	var bufs []buf
+	for s := range p.values {
+		if p.root[s] != s || p.fixed[s] != nil || first[s] == math.MaxInt {
+			continue
+		}
+		size := int64(tensor.Numel(pl.shapes[s]) * p.values[s].Type.DType.Size())
+		bufs = append(bufs, buf{slot: s, size: (size + align - 1) / align * align, first: first[s], last: last[s]})
+	}
+	// Greedy by size: the largest buffers first, each at the lowest offset that overlaps no
+	// placed buffer alive at the same time.
+	sort.SliceStable(bufs, func(i, j int) bool { return bufs[i].size > bufs[j].size })
+	type placed struct {
+		off, end    int64
+		first, last int
+	}
+	var done []placed
+	for _, b := range bufs {
+		var clash []placed
+		for _, q := range done {
+			if q.first <= b.last && b.first <= q.last {
+				clash = append(clash, q)
+			}
+		}
+		sort.Slice(clash, func(i, j int) bool { return clash[i].off < clash[j].off })
+		off := int64(0)
+		for _, q := range clash {
+			if off+b.size <= q.off {
+				break
+			}
+			off = max(off, q.end)
+		}
+		pl.offsets[b.slot] = off
+		pl.size = max(pl.size, off+b.size)
+		done = append(done, placed{off, off + b.size, b.first, b.last})
+	}
+	if len(p.plans) >= maxPlans {
+		clear(p.plans)
+	}
+	p.plans[key] = pl
+	return pl, nil
+}
+
+// Run executes the program: inputs holds one host tensor per graph input, by name, of the
+// input's dtype and rank (symbolic dimensions are bound from them). It returns the graph
+// outputs in order as host tensors.
+func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	if p == nil || p.dev == nil || p.fixed == nil {
+		return nil, errors.New("cuda: run: program was not compiled or is closed")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	env, err := p.bind(inputs)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl, err := p.plan(env)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	var outs []*tensor.Tensor
+	err = p.dev.do(func() error {
+		var err error
+		outs, err = p.run(ctx, pl, inputs)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	return outs, nil
+}
+
+func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	d := p.dev
+	if p.arena == nil || int64(p.arena.Bytes()) < pl.size {
+		d.Free(p.arena)
+		p.arena = nil
+		a, err := d.allocTensor(tensor.Bool, []int{int(max(pl.size, 1))}) // a byte buffer
+		if err != nil {
+			return nil, err
+		}
+		p.arena = a
+	}
+	vals := make([]*Tensor, len(p.values))
+	for s := range p.values {
+		if p.fixed[s] != nil {
+			vals[s] = p.fixed[s]
+			continue
+		}
+		r := p.root[s]
+		off := pl.offsets[r]
+		if off < 0 {
+			continue // never used
+		}
+		vals[s] = &Tensor{DType: p.values[s].Type.DType, Shape: pl.shapes[s], ptr: p.arena.ptr + cubind.DevicePtr(off), dev: d}
+	}
+	for _, s := range p.inputs {
+		v := p.values[s]
+		if vals[s] == nil {
+			continue
+		}
+		if err := copyIn(d, vals[s], inputs[v.Name]); err != nil {
+			return nil, fmt.Errorf("input %q: %w", v.Name, err)
+		}
+	}
+	in, out := []*Tensor{}, []*Tensor{}
+	for _, st := range p.steps {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("before %s: %w", nodeText(st.node), err)
+		}
+		if st.k.view {
+			continue
+		}
+		in, out = in[:0], out[:0]
+		for _, s := range st.in {
+			in = append(in, vals[s])
+		}
+		for _, s := range st.out {
+			out = append(out, vals[s])
+		}
+		if err := st.k.run(d, st.node, in, out, st.state); err != nil {
+			return nil, fmt.Errorf("%s: %w", nodeText(st.node), err)
+		}
+	}
+	res := make([]*tensor.Tensor, len(p.outputs))
+	for i, s := range p.outputs {
+		h, err := d.download(vals[s])
+		if err != nil {
+			return nil, fmt.Errorf("output %d: %w", i, err)
+		}
+		res[i] = h
+	}
+	return res, nil
+}

@@ -1,0 +1,184 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// nodeText is a node's text form for messages: "%out = op(%a, %b)".
+func nodeText(n *graph.Node) string {
+	s := ""
+	for i, o := range n.Outputs {
+		if i > 0 {
+			s += ", "
+		}
+		s += o.String()
+	}
+	s += " = " + n.Op + "("
+	for i, in := range n.Inputs {
+		if i > 0 {
+			s += ", "
+		}
+		s += in.String()
+	}
+	return s + ")"
+}
+
+// checkSymbols makes sure every symbol in a node's output shape is bound by a graph input.
+func checkSymbols(g *graph.Graph) error {
+	bound := map[string]bool{}
+	for _, in := range g.Inputs {
+		for _, d := range in.Type.Shape {
+			if d.IsSym() {
+				bound[d.Sym] = true
+			}
+		}
+	}
+	for _, n := range g.Nodes {
+		for _, o := range n.Outputs {
+			for _, d := range o.Type.Shape {
+				if d.IsSym() && !bound[d.Sym] {
+					return fmt.Errorf("node %s: symbol %s is not bound by any graph input", nodeText(n), d.Sym)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// loadParam reads a param node's tensor and checks it against the node's type.
+func loadParam(ctx context.Context, n *graph.Node, w backend.Weights) (*tensor.Tensor, error) {
+	ref, err := graph.ParamOf(n)
+	if err != nil {
+		return nil, err
+	}
+	if w == nil {
+		return nil, fmt.Errorf("param %s: no weights given", ref)
+	}
+	t, err := w.Load(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("load param %s: %w", ref, err)
+	}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("load param %s: %w", ref, err)
+	}
+	want := n.Out().Type
+	shape, err := want.Shape.Resolve(nil)
+	if err != nil {
+		return nil, fmt.Errorf("param %s: %w", ref, err)
+	}
+	if t.DType != want.DType || !slices.Equal(t.Shape, shape) {
+		return nil, fmt.Errorf("load param %s: got %s%v, want %s", ref, t.DType, t.Shape, want)
+	}
+	return t, nil
+}
+
+// constTensor builds a const node's tensor on the host.
+func constTensor(n *graph.Node) (*tensor.Tensor, error) {
+	o := n.Out().Type
+	shape, err := o.Shape.Resolve(nil)
+	if err != nil {
+		return nil, err
+	}
+	vals := n.Attrs.Floats("values")
+	size := tensor.Numel(shape)
+	if len(vals) != 1 && len(vals) != size {
+		return nil, fmt.Errorf("const of shape %v has %d values", shape, len(vals))
+	}
+	at := func(i int) float64 {
+		if len(vals) == 1 {
+			return vals[0]
+		}
+		return vals[i]
+	}
+	t := tensor.New(o.DType, shape...)
+	for i := range size {
+		v := at(i)
+		switch o.DType {
+		case tensor.F32:
+			t.F32[i] = float32(v)
+		case tensor.BF16:
+			t.Half[i] = tensor.F32ToBF16(float32(v))
+		case tensor.F16:
+			t.Half[i] = tensor.F32ToF16(float32(v))
+		case tensor.I32:
+			t.I32[i] = int32(v)
+		case tensor.I64:
+			t.I64[i] = int64(v)
+		case tensor.Bool:
+			t.Bool[i] = v != 0
+		default:
+			return nil, fmt.Errorf("const of dtype %s", o.DType)
+		}
+	}
+	return t, nil
+}
+
+// bind checks the run's inputs against the graph inputs and returns the symbol bindings.
+func (p *Program) bind(inputs map[string]*tensor.Tensor) (map[string]int, error) {
+	var errs []error
+	known := map[string]bool{}
+	for _, s := range p.inputs {
+		known[p.values[s].Name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(inputs)) {
+		if !known[name] {
+			errs = append(errs, fmt.Errorf("unknown input %q", name))
+		}
+	}
+	env := map[string]int{}
+	for _, s := range p.inputs {
+		v := p.values[s]
+		t, ok := inputs[v.Name]
+		if !ok {
+			errs = append(errs, fmt.Errorf("missing input %q (%s)", v.Name, v.Type))
+			continue
+		}
+		if err := t.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("input %q: %w", v.Name, err))
+			continue
+		}
+		if t.DType != v.Type.DType || len(t.Shape) != len(v.Type.Shape) {
+			errs = append(errs, fmt.Errorf("input %q is %s%v, want %s", v.Name, t.DType, t.Shape, v.Type))
+			continue
+		}
+		for i, dim := range v.Type.Shape {
+			size := t.Shape[i]
+			switch {
+			case !dim.IsSym():
+				if size != dim.Size {
+					errs = append(errs, fmt.Errorf("input %q has shape %v, want %s", v.Name, t.Shape, v.Type.Shape))
+				}
+			case env[dim.Sym] == 0 && !hasKey(env, dim.Sym):
+				env[dim.Sym] = size
+			case env[dim.Sym] != size:
+				errs = append(errs, fmt.Errorf("symbol %s is %d elsewhere but %d in input %q", dim.Sym, env[dim.Sym], size, v.Name))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
+
+// copyIn queues the copy of a host input into its planned device tensor.
+func copyIn(d *Device, dst *Tensor, h *tensor.Tensor) error {
+	if h.Numel() == 0 {
+		return nil
+	}
+	if h.DType.Size()*h.Numel() != dst.Bytes() {
+		return fmt.Errorf("holds %d bytes, its slot %d", h.DType.Size()*h.Numel(), dst.Bytes())
+	}
+	return cubind.MemcpyHtoDAsync(dst.ptr, hostBytes(h), d.stream)
+}

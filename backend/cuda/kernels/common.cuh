@@ -1,0 +1,100 @@
+// Shared definitions of Loom's CUDA kernels. backend/cuda prepends this file to every
+// kernel file before NVRTC compiles it, so kernels need no headers at all.
+//
+// Element types are traits: load widens an element to float, store rounds a float to the
+// element type (round to nearest even, as package tensor does), round does both.
+
+typedef unsigned short bf16;
+typedef long long i64;
+
+#define LOOM_INF __int_as_float(0x7f800000)
+#define LOOM_NAN __int_as_float(0x7fc00000)
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float bf16_to_f32(bf16 h) { return __uint_as_float(((unsigned int)h) << 16); }
+
+__device__ __forceinline__ bf16 f32_to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  // NaN stays quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16)(u >> 16);
+}
+
+struct F32 {
+  typedef float T;
+  static __device__ __forceinline__ float load(const float* p, i64 i) { return p[i]; }
+  static __device__ __forceinline__ void store(float* p, i64 i, float v) { p[i] = v; }
+  static __device__ __forceinline__ float round(float v) { return v; }
+};
+
+struct BF16 {
+  typedef bf16 T;
+  static __device__ __forceinline__ float load(const bf16* p, i64 i) { return bf16_to_f32(p[i]); }
+  static __device__ __forceinline__ void store(bf16* p, i64 i, float v) { p[i] = f32_to_bf16(v); }
+  static __device__ __forceinline__ float round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+};
+
+// Promote<A, B>::type is the dtype of a binary op's result: bf16 only when both are bf16.
+template <class A, class B> struct Promote { typedef F32 type; };
+template <> struct Promote<BF16, BF16> { typedef BF16 type; };
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+// block_sum_d returns the sum of v over the block (blockDim.x a multiple of 32, at most
+// 1024) to every thread. Every thread of the block must call it.
+__device__ __forceinline__ double block_sum_d(double v) {
+  __shared__ double partial[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum_d(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : 0.0;
+  v = warp_sum_d(v);
+  __syncthreads();  // partial may be reused by a later call
+  return v;
+}
+
+// Strided describes a copy over up to 6 dimensions: element i of the iteration space dims
+// (row-major) goes from src[src_off + sum(idx*ss)] to dst[dst_off + sum(idx*ds)].
+#define MAX_RANK 6
+struct Strided {
+  i64 dims[MAX_RANK];
+  i64 ss[MAX_RANK];
+  i64 ds[MAX_RANK];
+  i64 n;
+  i64 src_off;
+  i64 dst_off;
+  int rank;
+  int pad;
+};
+
+__device__ __forceinline__ void strided_offsets(const Strided& p, i64 i, i64* so, i64* dof) {
+  i64 s = p.src_off, d = p.dst_off;
+#pragma unroll
+  for (int r = MAX_RANK - 1; r >= 0; --r) {
+    if (r < p.rank) {
+      i64 idx = i % p.dims[r];
+      i /= p.dims[r];
+      s += idx * p.ss[r];
+      d += idx * p.ds[r];
+    }
+  }
+  *so = s;
+  *dof = d;
+}

@@ -1,0 +1,100 @@
+// Elementwise kernels: add and mul (same shape, or broadcast through strides), swiglu, and
+// strided copies (transpose, slice, concat, expand, cast). Grid-stride loops; f32 math;
+// results rounded to the output dtype.
+
+#define OP_ADD 0
+#define OP_MUL 1
+
+template <int OP> __device__ __forceinline__ float binop(float x, float y) { return OP == OP_ADD ? x + y : x * y; }
+
+// out[i] = a[i] op b[i] for n elements of one shape.
+template <class A, class B, int OP>
+__device__ __forceinline__ void binary_flat_impl(typename Promote<A, B>::type::T* out, const typename A::T* a,
+                                                 const typename B::T* b, i64 n) {
+  typedef typename Promote<A, B>::type O;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    O::store(out, i, binop<OP>(A::load(a, i), B::load(b, i)));
+}
+
+// out[i] = a[sa(i)] op b[sb(i)] with broadcasting strides: p.ss are a's strides and p.ds
+// b's strides over the output's dims (0 where an operand broadcasts).
+template <class A, class B, int OP>
+__device__ __forceinline__ void binary_bcast_impl(typename Promote<A, B>::type::T* out, const typename A::T* a,
+                                                  const typename B::T* b, Strided p) {
+  typedef typename Promote<A, B>::type O;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    i64 oa, ob;
+    strided_offsets(p, i, &oa, &ob);
+    O::store(out, i, binop<OP>(A::load(a, oa), B::load(b, ob)));
+  }
+}
+
+#define BINARY(OPNAME, OP, SUF, A, B)                                                                                \
+  extern "C" __global__ void OPNAME##_flat_##SUF(Promote<A, B>::type::T* out, const A::T* a, const B::T* b, i64 n) { \
+    binary_flat_impl<A, B, OP>(out, a, b, n);                                                                        \
+  }                                                                                                                  \
+  extern "C" __global__ void OPNAME##_bcast_##SUF(Promote<A, B>::type::T* out, const A::T* a, const B::T* b,         \
+                                                  Strided p) {                                                       \
+    binary_bcast_impl<A, B, OP>(out, a, b, p);                                                                       \
+  }
+BINARY(add, OP_ADD, f32_f32, F32, F32)
+BINARY(add, OP_ADD, f32_bf16, F32, BF16)
+BINARY(add, OP_ADD, bf16_f32, BF16, F32)
+BINARY(add, OP_ADD, bf16_bf16, BF16, BF16)
+BINARY(mul, OP_MUL, f32_f32, F32, F32)
+BINARY(mul, OP_MUL, f32_bf16, F32, BF16)
+BINARY(mul, OP_MUL, bf16_f32, BF16, F32)
+BINARY(mul, OP_MUL, bf16_bf16, BF16, BF16)
+
+// swiglu: out = round_g(silu(g)) * u, silu(x) = x / (1 + exp(-x)).
+template <class G, class U>
+__device__ __forceinline__ void swiglu_impl(typename Promote<G, U>::type::T* out, const typename G::T* g,
+                                            const typename U::T* u, i64 n) {
+  typedef typename Promote<G, U>::type O;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    float x = G::load(g, i);
+    float s = G::round(x / (1.0f + expf(-x)));
+    O::store(out, i, s * U::load(u, i));
+  }
+}
+
+#define SWIGLU(NAME, G, U)                                                                                           \
+  extern "C" __global__ void NAME(Promote<G, U>::type::T* out, const G::T* g, const U::T* u, i64 n) {                \
+    swiglu_impl<G, U>(out, g, u, n);                                                                                 \
+  }
+SWIGLU(swiglu_f32_f32, F32, F32)
+SWIGLU(swiglu_f32_bf16, F32, BF16)
+SWIGLU(swiglu_bf16_f32, BF16, F32)
+SWIGLU(swiglu_bf16_bf16, BF16, BF16)
+
+// Strided copy converting between float dtypes.
+template <class S, class D>
+__device__ __forceinline__ void cast_impl(typename D::T* dst, const typename S::T* src, Strided p) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    i64 so, dof;
+    strided_offsets(p, i, &so, &dof);
+    D::store(dst, dof, S::load(src, so));
+  }
+}
+
+#define CAST(NAME, S, D)                                                                                             \
+  extern "C" __global__ void NAME(D::T* dst, const S::T* src, Strided p) { cast_impl<S, D>(dst, src, p); }
+CAST(cast_f32_f32, F32, F32)
+CAST(cast_f32_bf16, F32, BF16)
+CAST(cast_bf16_f32, BF16, F32)
+CAST(cast_bf16_bf16, BF16, BF16)
+
+// Strided copy of raw elements of 1, 2, 4 or 8 bytes (any dtype of that size).
+template <class E>
+__device__ __forceinline__ void copy_impl(E* dst, const E* src, Strided p) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    i64 so, dof;
+    strided_offsets(p, i, &so, &dof);
+    dst[dof] = src[so];
+  }
+}
+
+extern "C" __global__ void copy_b1(unsigned char* dst, const unsigned char* src, Strided p) { copy_impl(dst, src, p); }
+extern "C" __global__ void copy_b2(unsigned short* dst, const unsigned short* src, Strided p) { copy_impl(dst, src, p); }
+extern "C" __global__ void copy_b4(unsigned int* dst, const unsigned int* src, Strided p) { copy_impl(dst, src, p); }
+extern "C" __global__ void copy_b8(unsigned long long* dst, const unsigned long long* src, Strided p) { copy_impl(dst, src, p); }
