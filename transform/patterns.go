@@ -105,10 +105,9 @@ func (r *repeatKV) factor(m *pattern.Match) (int, bool) {
 // term: where(le(k, q) [and gt(k + window, q)], 0, -inf) with q = positions as [B,1,S,1]
 // and k = positions as [B,1,1,S].
 type causalMask struct {
-	p                  *pattern.Pattern
-	pos, qp, kp, win   *graph.Value
-	windowed           bool
-	zero, minf, result *graph.Value
+	p                        *pattern.Pattern
+	pos, qp, kp, win, result *graph.Value
+	windowed                 bool
 }
 
 func newCausalMask(windowed bool) *causalMask {
@@ -128,8 +127,7 @@ func newCausalMask(windowed bool) *causalMask {
 		c.win = c.p.Const("window", tensor.I32)
 		allowed = b.And(allowed, b.Compare("gt", b.Add(c.kp, c.win), c.qp))
 	}
-	c.zero, c.minf = b.Scalar(tensor.F32, 0), b.Scalar(tensor.F32, math.Inf(-1))
-	c.result = b.Where(allowed, c.zero, c.minf)
+	c.result = b.Where(allowed, b.Scalar(tensor.F32, 0), b.Scalar(tensor.F32, math.Inf(-1)))
 	c.p.Root(c.result)
 	c.p.Where(func(m *pattern.Match) bool {
 		_, ok := c.window(m)
