@@ -71,11 +71,23 @@ func openFixture(t *testing.T, name string) (*model.Model, *graph.Graph) {
 	return m, g
 }
 
-// optimize runs the default pipeline and returns the final graph and the match counts.
+// optimize runs the default pipeline, with the model's overlay, up to post_load_fusion and
+// returns the final graph and the match counts. The stages after it (cache_init, compile)
+// change the graph's inputs for a runtime with a KV cache, which these tests do not drive.
 func optimize(t *testing.T, m *model.Model, g *graph.Graph) (*graph.Graph, map[string]int) {
 	t.Helper()
+	var sets []string
+	for _, tr := range transform.All() {
+		if tr.Stage > transform.PostLoadFusion {
+			sets = append(sets, "transforms."+tr.Name+".enabled=false")
+		}
+	}
+	cfg, err := transform.LoadConfig(transform.ConfigOptions{Arch: m.Config.ModelType, Sets: sets})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := &transform.Context{Arch: m.Config.ModelType, WorldSize: 1, Weights: m.Checkpoint}
-	graphs, results, err := (&transform.Optimizer{Check: true}).Run(context.Background(), c, g)
+	graphs, results, err := (&transform.Optimizer{Config: cfg, Check: true}).Run(context.Background(), c, g)
 	if err != nil {
 		t.Fatal(err)
 	}
