@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/loom-ml/loom/graph"
@@ -463,5 +465,28 @@ func TestParallel(t *testing.T) {
 				}
 			}
 		}
+		// Concurrent callers, each nesting calls: no deadlock, every index once.
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				seen := make([]atomic.Int32, 300+g)
+				for range 20 {
+					parallel(len(seen), 7, func(lo, hi int) {
+						parallel(hi-lo, 1, func(a, b int) {
+							for i := lo + a; i < lo+b; i++ {
+								seen[i].Add(1)
+							}
+						})
+					})
+				}
+				for i := range seen {
+					if n := seen[i].Load(); n != 20 {
+						t.Errorf("procs=%d caller %d: index %d visited %d times, want 20", procs, g, i, n)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
 	}
 }

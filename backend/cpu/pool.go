@@ -6,17 +6,23 @@ import (
 	"sync/atomic"
 )
 
-// A shared pool of worker goroutines for the fast kernels. parallel hands a job to the
-// workers that are idle at that moment and runs the rest of it on the calling goroutine, so
-// it never waits for a busy worker: concurrent runs, and parallel calls from inside a job,
-// simply get fewer helpers instead of deadlocking or oversubscribing the cores.
+// A shared pool of worker goroutines for the fast kernels. parallel offers a job to the
+// workers and runs it on the calling goroutine too; chunks are claimed dynamically, so
+// whoever is free does the work. A worker that picks a job up after the caller has finished
+// it skips it, and the caller waits only for workers that really joined, so parallel never
+// waits for a busy worker: concurrent runs, and parallel calls from inside a job, get fewer
+// helpers instead of deadlocking or oversubscribing the cores.
 
 // job is one call of parallel: chunks [c*chunk, min((c+1)*chunk, n)) claimed in order.
 type job struct {
 	f        func(lo, hi int)
 	n, chunk int
 	next     atomic.Int64
-	wg       sync.WaitGroup // helpers still running
+
+	mu     sync.Mutex
+	cond   sync.Cond // signalled when the last worker leaves a closed job
+	closed bool      // the caller is done: late workers skip the job
+	active int       // workers running chunks of the job
 }
 
 // run claims and runs chunks until none is left.
@@ -31,24 +37,40 @@ func (j *job) run() {
 	}
 }
 
+// help is what a pool worker does with a job it received.
+func (j *job) help() {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return
+	}
+	j.active++
+	j.mu.Unlock()
+	j.run()
+	j.mu.Lock()
+	if j.active--; j.active == 0 && j.closed {
+		j.cond.Signal()
+	}
+	j.mu.Unlock()
+}
+
 var pool struct {
 	mu      sync.Mutex
 	workers int       // goroutines started so far
-	jobs    chan *job // unbuffered: a send succeeds only when a worker is idle
+	jobs    chan *job // offers; a worker skips those whose caller is already done
 }
 
-// poolWorkers makes sure at least n worker goroutines exist and returns the job channel.
-func poolWorkers(n int) chan *job {
+// poolJobs makes sure at least n worker goroutines exist and returns the job channel.
+func poolJobs(n int) chan *job {
 	pool.mu.Lock()
 	defer pool.mu.Unlock()
 	if pool.jobs == nil {
-		pool.jobs = make(chan *job)
+		pool.jobs = make(chan *job, 256)
 	}
 	for ; pool.workers < n; pool.workers++ {
 		go func(jobs chan *job) {
 			for j := range jobs {
-				j.run()
-				j.wg.Done()
+				j.help()
 			}
 		}(pool.jobs)
 	}
@@ -56,9 +78,8 @@ func poolWorkers(n int) chan *job {
 }
 
 // parallel runs f over [0, n) split into chunks of grain items (the last one shorter),
-// on the calling goroutine and up to runtime.GOMAXPROCS(0)-1 idle pool workers, and returns
-// when every chunk is done. Chunks are claimed dynamically, so uneven progress (a shared
-// machine) balances out. f must be safe to call concurrently on disjoint ranges.
+// on the calling goroutine and up to runtime.GOMAXPROCS(0)-1 pool workers, and returns
+// when every chunk is done. f must be safe to call concurrently on disjoint ranges.
 func parallel(n, grain int, f func(lo, hi int)) {
 	if n <= 0 {
 		return
@@ -70,18 +91,22 @@ func parallel(n, grain int, f func(lo, hi int)) {
 		f(0, n)
 		return
 	}
-	jobs := poolWorkers(helpers)
+	jobs := poolJobs(helpers)
 	j := &job{f: f, n: n, chunk: grain}
+	j.cond.L = &j.mu
 	for range helpers {
-		j.wg.Add(1)
 		select {
 		case jobs <- j:
-		default: // nobody idle: this goroutine does the work
-			j.wg.Done()
+		default: // the queue is full of offers: do without
 		}
 	}
 	j.run()
-	j.wg.Wait()
+	j.mu.Lock()
+	j.closed = true
+	for j.active > 0 {
+		j.cond.Wait()
+	}
+	j.mu.Unlock()
 }
 
 // grainFor picks a chunk size for n items of cost work each (in multiply-adds or similar):
