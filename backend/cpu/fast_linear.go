@@ -88,7 +88,7 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 	res := make([]float32, M*N)
 	if M > 0 && N > 0 && K > 0 {
 		xs, buf := widenInto(x)
-		gemmRows(res, xs, w, M, N, K, 0, N)
+		gemmRows(res, xs, w, M, N, K)
 		if buf != nil {
 			putF32(buf)
 		}
@@ -104,32 +104,33 @@ var (
 	groupF32  = gemmGroupF32
 )
 
-// gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j in [lo, hi), over the
-// worker pool: x is f32 [M,K], w a float tensor [N,K].
-func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K, lo, hi int) {
-	parallel(hi-lo, grainFor(hi-lo, M*K, 4), func(a, b int) {
+// gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j < N over the worker
+// pool, in groups of four weight rows: x is f32 [M,K], w a float tensor [N,K].
+func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K int) {
+	parallel(N, grainFor(N, M*K, 4), func(lo, hi int) {
 		var wbuf *[]float32
 		if w.DType == tensor.F16 {
 			wbuf = getF32(4 * K)
 			defer putF32(wbuf)
 		}
-		for j := lo + a; j < lo+b; j += 4 {
-			jb := min(4, lo+b-j)
+		// Declared once per chunk: the group kernels are called through variables, so these
+		// escape to the heap.
+		var halfRows [4][]uint16
+		var rows [4][]float32
+		for j := lo; j < hi; j += 4 {
+			jb := min(4, hi-j)
 			switch w.DType {
 			case tensor.BF16:
-				var rows [4][]uint16
 				for r := range jb {
-					rows[r] = w.Half[(j+r)*K : (j+r+1)*K]
+					halfRows[r] = w.Half[(j+r)*K : (j+r+1)*K]
 				}
-				groupBF16(res, xs, rows[:jb], M, N, K, j)
+				groupBF16(res, xs, halfRows[:jb], M, N, K, j)
 			case tensor.F32:
-				var rows [4][]float32
 				for r := range jb {
 					rows[r] = w.F32[(j+r)*K : (j+r+1)*K]
 				}
 				groupF32(res, xs, rows[:jb], M, N, K, j)
 			default: // f16: widen the group once
-				var rows [4][]float32
 				for r := range jb {
 					rows[r] = (*wbuf)[r*K : (r+1)*K]
 					widen(rows[r], w, (j+r)*K)

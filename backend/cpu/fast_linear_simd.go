@@ -168,19 +168,6 @@ func f32x1x1(x, w unsafe.Pointer, n int, acc *simdLanes) {
 	a.Store(&acc[0])
 }
 
-// simdKernels are the kernels of one weight dtype.
-type simdKernels struct {
-	k4x2 func(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
-	k4x1 func(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
-	k1x4 func(x, w0, w1, w2, w3 unsafe.Pointer, n int, acc *simdLanes)
-	k1x1 func(x, w unsafe.Pointer, n int, acc *simdLanes)
-}
-
-var (
-	bf16Kernels = simdKernels{bf16x4x2, bf16x4x1, bf16x1x4, bf16x1x1}
-	f32Kernels  = simdKernels{f32x4x2, f32x4x1, f32x1x4, f32x1x1}
-)
-
 // simdGroupBF16 is gemmGroupBF16 with the AVX2 kernels.
 func simdGroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
 	var wp [4]unsafe.Pointer
@@ -188,7 +175,7 @@ func simdGroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
 		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
 	}
 	kv := K &^ 7
-	simdGroup(res, xs, wp[:len(rows)], &bf16Kernels, M, N, K, j, func(x []float32, r int) (s float32) {
+	simdGroup(res, xs, wp[:len(rows)], true, M, N, K, j, func(x []float32, r int) (s float32) {
 		w := rows[r][kv:K]
 		for k, v := range x {
 			s += v * bf16(w[k])
@@ -204,7 +191,7 @@ func simdGroupF32(res, xs []float32, rows [][]float32, M, N, K, j int) {
 		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
 	}
 	kv := K &^ 7
-	simdGroup(res, xs, wp[:len(rows)], &f32Kernels, M, N, K, j, func(x []float32, r int) (s float32) {
+	simdGroup(res, xs, wp[:len(rows)], false, M, N, K, j, func(x []float32, r int) (s float32) {
 		w := rows[r][kv:K]
 		for k, v := range x {
 			s += v * w[k]
@@ -214,9 +201,10 @@ func simdGroupF32(res, xs []float32, rows [][]float32, M, N, K, j int) {
 }
 
 // simdGroup computes res[m*N+j+r] = x[m,:]·w_r for every row m of xs [M,K] and the weight
-// rows at wp (K > 0 elements each): vector kernels over the first K&^7 elements, then
-// tail(x[m, K&^7:], r) for the rest.
-func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, K, j int, tail func(x []float32, r int) float32) {
+// rows at wp (K > 0 elements each, bf16 when half, else float32): vector kernels over the
+// first K&^7 elements, then tail(x[m, K&^7:], r) for the rest. The kernels are called
+// directly, not through function values, so that acc stays on the stack.
+func simdGroup(res, xs []float32, wp []unsafe.Pointer, half bool, M, N, K, j int, tail func(x []float32, r int) float32) {
 	kv := K &^ 7
 	xs = xs[:M*K]
 	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
@@ -226,7 +214,11 @@ func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, 
 	for ; m+4 <= M; m += 4 {
 		r := 0
 		for ; r+2 <= len(wp); r += 2 {
-			kern.k4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+			if half {
+				bf16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+			} else {
+				f32x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+			}
 			archsimd.ClearAVXUpperBits()
 			for i := range 4 {
 				put(m+i, r, &acc[i])
@@ -234,7 +226,11 @@ func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, 
 			}
 		}
 		if r < len(wp) {
-			kern.k4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+			if half {
+				bf16x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+			} else {
+				f32x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+			}
 			archsimd.ClearAVXUpperBits()
 			for i := range 4 {
 				put(m+i, r, &acc[i])
@@ -243,7 +239,11 @@ func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, 
 	}
 	for ; m < M; m++ {
 		if len(wp) == 4 {
-			kern.k1x4(xp(m), wp[0], wp[1], wp[2], wp[3], kv, &acc)
+			if half {
+				bf16x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], kv, &acc)
+			} else {
+				f32x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], kv, &acc)
+			}
 			archsimd.ClearAVXUpperBits()
 			for r := range 4 {
 				put(m, r, &acc[r])
@@ -251,7 +251,11 @@ func simdGroup(res, xs []float32, wp []unsafe.Pointer, kern *simdKernels, M, N, 
 			continue
 		}
 		for r := range wp {
-			kern.k1x1(xp(m), wp[r], kv, &acc)
+			if half {
+				bf16x1x1(xp(m), wp[r], kv, &acc)
+			} else {
+				f32x1x1(xp(m), wp[r], kv, &acc)
+			}
 			archsimd.ClearAVXUpperBits()
 			put(m, r, &acc[0])
 		}
