@@ -45,6 +45,7 @@ func benchVariants(b *testing.B, bytes int64, names []string, fns []func() error
 	for i, f := range fns {
 		b.Run(names[i], func(b *testing.B) {
 			b.SetBytes(bytes)
+			b.ReportAllocs()
 			for b.Loop() {
 				if err := f(); err != nil {
 					b.Fatal(err)
