@@ -27,7 +27,7 @@ var (
 
 func loadNVRTC() error {
 	nvrtcOnce.Do(func() {
-		lib, err := openLibrary("libnvrtc", []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}, true, toolkitDirs())
+		lib, err := openLibrary("libnvrtc", []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"}, true, toolkitDirs())
 		if err != nil {
 			nvrtcErrLoad = err
 			return

@@ -34,9 +34,10 @@ func kernelOptions(file string) []string {
 	return opts
 }
 
-// kernelSource returns the full source NVRTC compiles for a kernel file: common.cuh, then
-// the file.
-func kernelSource(file string) (string, error) {
+// kernelSource returns the full source NVRTC compiles for a kernel file: common.cuh, the
+// file, then extra (instantiations of the file's templates, for files that hold only
+// templates).
+func kernelSource(file, extra string) (string, error) {
 	common, err := kernelFS.ReadFile("kernels/common.cuh")
 	if err != nil {
 		return "", fmt.Errorf("cuda: kernel sources: %w", err)
@@ -45,7 +46,11 @@ func kernelSource(file string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("cuda: kernel sources: %w", err)
 	}
-	return string(common) + "\n#line 1 \"" + file + "\"\n" + string(body), nil
+	src := string(common) + "\n#line 1 \"" + file + "\"\n" + string(body)
+	if extra != "" {
+		src += "\n#line 1 \"" + strings.TrimSuffix(file, ".cu") + "_instances.cu\"\n" + extra + "\n"
+	}
+	return src, nil
 }
 
 // KernelFiles lists the embedded kernel files (*.cu).
@@ -88,11 +93,15 @@ type CompileStats struct {
 	CubinLen int
 }
 
-// cubin returns the cubin of one kernel file, from the disk cache when it is there.
-func (c *compiler) cubin(file string) ([]byte, CompileStats, error) {
+// cubin returns the cubin of one kernel file with extra source appended (see kernelSource),
+// from the disk cache when it is there.
+func (c *compiler) cubin(file, extra string) ([]byte, CompileStats, error) {
 	st := CompileStats{File: file}
+	if extra != "" {
+		st.File += " + " + strings.TrimSpace(extra)
+	}
 	start := time.Now()
-	src, err := kernelSource(file)
+	src, err := kernelSource(file, extra)
 	if err != nil {
 		return nil, st, err
 	}

@@ -210,7 +210,7 @@ func (d *Device) release() error {
 	var errs []error
 	for name, m := range d.modules {
 		if err := m.Unload(); err != nil {
-			errs = append(errs, fmt.Errorf("unload %s: %w", name, err))
+			errs = append(errs, fmt.Errorf("unload %s: %w", strings.ReplaceAll(name, "\x00", " "), err))
 		}
 	}
 	d.modules, d.funcs = nil, nil
@@ -231,23 +231,25 @@ func (d *Device) release() error {
 	return errors.Join(errs...)
 }
 
-// function returns the kernel name of kernel file file, compiling and loading the file on
-// first use. The device must be locked with its context current.
-func (d *Device) function(file, name string) (cubind.Function, error) {
-	key := file + ":" + name
+// function returns the kernel name of kernel file file (with extra source appended, see
+// kernelSource), compiling and loading the module on first use. The device must be locked
+// with its context current.
+func (d *Device) function(file, extra, name string) (cubind.Function, error) {
+	key := file + "\x00" + extra + "\x00" + name
 	if f, ok := d.funcs[key]; ok {
 		return f, nil
 	}
-	m, ok := d.modules[file]
+	mkey := file + "\x00" + extra
+	m, ok := d.modules[mkey]
 	if !ok {
-		cubin, st, err := d.comp.cubin(file)
+		cubin, st, err := d.comp.cubin(file, extra)
 		if err != nil {
 			return 0, err
 		}
 		if m, err = cubind.ModuleLoadData(cubin); err != nil {
-			return 0, fmt.Errorf("cuda: load kernels %s: %w", file, err)
+			return 0, fmt.Errorf("cuda: load kernels %s: %w", st.File, err)
 		}
-		d.modules[file] = m
+		d.modules[mkey] = m
 		d.compile = append(d.compile, st)
 	}
 	f, err := m.Function(name)
@@ -261,7 +263,12 @@ func (d *Device) function(file, name string) (cubind.Function, error) {
 // launch runs kernel name of file with a grid and block, dynamic shared memory and
 // the arguments built by args on d.args. The device must be locked with its context current.
 func (d *Device) launch(file, name string, grid, block cubind.Dim3, shared int, args func(a *cubind.Args)) error {
-	f, err := d.function(file, name)
+	return d.launchX(file, "", name, grid, block, shared, args)
+}
+
+// launchX is launch for a kernel of a template-only file, instantiated by extra.
+func (d *Device) launchX(file, extra, name string, grid, block cubind.Dim3, shared int, args func(a *cubind.Args)) error {
+	f, err := d.function(file, extra, name)
 	if err != nil {
 		return err
 	}

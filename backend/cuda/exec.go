@@ -187,6 +187,31 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights) 
 	if err := checkSymbols(g); err != nil {
 		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
 	}
+	if d == nil {
+		return nil, fmt.Errorf("cuda: compile %s: no device", g.Name)
+	}
+	p, slot := newProgram(d, g)
+	err := d.do(func() error {
+		for _, n := range g.Nodes {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := p.compileNode(ctx, n, slot, w); err != nil {
+				return err
+			}
+		}
+		return d.sync()
+	})
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
+	}
+	return p, nil
+}
+
+// newProgram numbers g's values (graph inputs, then node outputs) and records the inputs
+// and outputs; Compile then fills in the nodes.
+func newProgram(d *Device, g *graph.Graph) (*Program, map[*graph.Value]int) {
 	p := &Program{dev: d, g: g, plans: map[string]*memPlan{}}
 	slot := map[*graph.Value]int{}
 	add := func(v *graph.Value) int {
@@ -203,26 +228,11 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights) 
 			add(o)
 		}
 	}
-	p.fixed = make([]*Tensor, len(p.values))
-	err := d.do(func() error {
-		for _, n := range g.Nodes {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := p.compileNode(ctx, n, slot, w); err != nil {
-				return err
-			}
-		}
-		return d.sync()
-	})
-	if err != nil {
-		p.Close()
-		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
-	}
 	for _, o := range g.Outputs {
 		p.outputs = append(p.outputs, slot[o])
 	}
-	return p, nil
+	p.fixed = make([]*Tensor, len(p.values))
+	return p, slot
 }
 
 // compileNode loads a param or const, evaluates a node of fixed inputs, or records a step.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strings"
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/tensor"
@@ -422,8 +423,7 @@ func (d *Device) sdpa(out, q, k, v, pos *Tensor, scale float32, window int) erro
 	if k.DType != q.DType || v.DType != q.DType {
 		return fmt.Errorf("cuda: sdpa: q, k and v must share a dtype, got %s, %s, %s", q.DType, k.DType, v.DType)
 	}
-	pn, err := intName("positions", pos.DType)
-	if err != nil {
+	if _, err := intName("positions", pos.DType); err != nil {
 		return fmt.Errorf("cuda: sdpa: %w", err)
 	}
 	if len(q.Shape) != 4 || len(k.Shape) != 4 || !slices.Equal(k.Shape, v.Shape) {
@@ -451,12 +451,22 @@ func (d *Device) sdpa(out, q, k, v, pos *Tensor, scale float32, window int) erro
 	if B > 65535 || H > 65535 {
 		return fmt.Errorf("cuda: sdpa: batch %d or heads %d above the grid limit 65535", B, H)
 	}
+	// Instantiated head-size classes: values per lane 1, 2, 3, 4 or 8 (D up to 32, 64, 96,
+	// 128, 256).
 	dl := (D + 31) / 32
+	if dl > 4 {
+		dl = 8
+	}
 	shared := 4*(attBC*(D+1)+attBC*D+attBR*D+(attBR*D)%2) + 8*attBC
-	name := fmt.Sprintf("sdpa_%s_%s_d%d", xn, pn, dl)
+	name := fmt.Sprintf("sdpa_%s_d%d", xn, dl)
+	inst := fmt.Sprintf("SDPA(%s, %s, %d)", strings.ToUpper(xn), xn, dl)
+	pos64 := int32(0)
+	if pos.DType == tensor.I64 {
+		pos64 = 1
+	}
 	grid := cubind.Dim3{X: (S + attBR - 1) / attBR, Y: H, Z: B}
-	return d.launch("attention.cu", name, grid, cubind.Dim3{X: attWarps * 32, Y: 1, Z: 1}, shared, func(a *cubind.Args) {
-		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(pos.ptr).I32(int32(H)).I32(int32(KV)).I32(int32(S)).
+	return d.launchX("attention.cu", inst, name, grid, cubind.Dim3{X: attWarps * 32, Y: 1, Z: 1}, shared, func(a *cubind.Args) {
+		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(pos.ptr).I32(pos64).I32(int32(H)).I32(int32(KV)).I32(int32(S)).
 			I32(int32(D)).F32(scale).I32(int32(window))
 	})
 }

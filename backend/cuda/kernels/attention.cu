@@ -10,16 +10,24 @@
 // (b, h); each warp owns ATT_ROWS rows. Keys go through shared memory in tiles of 32 (one
 // key per lane for the scores; the lanes then split D for p·v). Tiles that no query of the
 // block can see are skipped. DL = ceil(D/32) accumulators per lane and row.
+//
+// The file holds templates only: backend/cuda appends the instantiation it needs, such as
+// SDPA(BF16, bf16, 4), and compiles each on first use. Positions are i32 or i64, chosen at
+// run time by pos64.
 
 #define ATT_WARPS 4
 #define ATT_ROWS 4
 #define ATT_BR (ATT_WARPS * ATT_ROWS)
 #define ATT_BC 32
 
-template <class X, class P, int DL>
+__device__ __forceinline__ i64 load_pos(const void* pos, i64 i, int pos64) {
+  return pos64 ? ((const i64*)pos)[i] : (i64)((const int*)pos)[i];
+}
+
+template <class X, int DL>
 __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::T* q, const typename X::T* k,
-                                          const typename X::T* v, const P* pos, int H, int KVH, int S, int D,
-                                          float scale, int window) {
+                                          const typename X::T* v, const void* pos, int pos64, int H, int KVH, int S,
+                                          int D, float scale, int window) {
   extern __shared__ float smem[];
   float* Ks = smem;                                  // [ATT_BC][D+1], padded against bank conflicts
   float* Vs = Ks + ATT_BC * (D + 1);                 // [ATT_BC][D]
@@ -34,16 +42,16 @@ __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::
   const typename X::T* kh = k + ((i64)b * KVH + kvh) * S * D;
   const typename X::T* vh = v + ((i64)b * KVH + kvh) * S * D;
   typename X::T* oh = out + ((i64)b * H + h) * S * D;
-  const P* pb = pos + (i64)b * S;
+  const i64 pbase = (i64)b * S;
 
   for (int i = threadIdx.x; i < ATT_BR * D; i += blockDim.x) {
     int r = i / D, d = i - r * D, s = row0 + r;
     Qs[i] = s < S ? X::load(qh, (i64)s * D + d) : 0.0f;
   }
   // The block's query positions bound which key tiles matter.
-  i64 qmax = (i64)-1 << 62, qmin = (i64)1 << 62;
+  i64 qmax = -((i64)1 << 62), qmin = (i64)1 << 62;
   for (int r = 0; r < ATT_BR && row0 + r < S; ++r) {
-    i64 p = (i64)pb[row0 + r];
+    i64 p = load_pos(pos, pbase + row0 + r, pos64);
     qmax = p > qmax ? p : qmax;
     qmin = p < qmin ? p : qmin;
   }
@@ -54,7 +62,7 @@ __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::
   for (int j = 0; j < ATT_ROWS; ++j) {
     int s = row0 + warp * ATT_ROWS + j;
     active[j] = s < S;
-    qpos[j] = active[j] ? (i64)pb[s] : 0;
+    qpos[j] = active[j] ? load_pos(pos, pbase + s, pos64) : 0;
     m[j] = -LOOM_INF;
     l[j] = 0.0f;
 #pragma unroll
@@ -68,7 +76,7 @@ __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::
       int j = t0 + threadIdx.x;
       i64 kp = (i64)1 << 62;
       if (j < S) {
-        kp = (i64)pb[j];
+        kp = load_pos(pos, pbase + j, pos64);
         any = kp <= qmax && (window <= 0 || kp + window > qmin);
       }
       Kpos[threadIdx.x] = kp;
@@ -93,6 +101,7 @@ __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::
       const float* qr = Qs + (warp * ATT_ROWS + j) * D;
       const float* kr = Ks + lane * (D + 1);
       float dot = 0.0f;
+#pragma unroll 4
       for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
       bool vis = kin && kp <= qpos[j] && (window <= 0 || kp + window > qpos[j]);
       float sc = vis ? X::round(dot) * scale : -LOOM_INF;
@@ -103,6 +112,7 @@ __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::
       l[j] = l[j] * corr + warp_sum(p);
 #pragma unroll
       for (int u = 0; u < DL; ++u) acc[j][u] *= corr;
+#pragma unroll 4
       for (int jj = 0; jj < ATT_BC; ++jj) {
         float pj = __shfl_sync(FULL_MASK, p, jj);
         const float* vr = Vs + jj * D;
@@ -130,17 +140,10 @@ __device__ __forceinline__ void sdpa_impl(typename X::T* out, const typename X::
   }
 }
 
-#define SDPA(X, XN, P, PN, DL)                                                                                       \
+// SDPA(X, XN, DL) instantiates sdpa_<XN>_d<DL>.
+#define SDPA(X, XN, DL)                                                                                              \
   extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                                       \
-      sdpa_##XN##_##PN##_d##DL(X::T* out, const X::T* q, const X::T* k, const X::T* v, const P* pos, int H, int KVH, \
-                               int S, int D, float scale, int window) {                                              \
-    sdpa_impl<X, P, DL>(out, q, k, v, pos, H, KVH, S, D, scale, window);                                             \
+      sdpa_##XN##_d##DL(X::T* out, const X::T* q, const X::T* k, const X::T* v, const void* pos, int pos64, int H,   \
+                        int KVH, int S, int D, float scale, int window) {                                            \
+    sdpa_impl<X, DL>(out, q, k, v, pos, pos64, H, KVH, S, D, scale, window);                                         \
   }
-#define SDPA_ALL_DL(X, XN, P, PN)                                                                                    \
-  SDPA(X, XN, P, PN, 1)                                                                                              \
-  SDPA(X, XN, P, PN, 2) SDPA(X, XN, P, PN, 3) SDPA(X, XN, P, PN, 4) SDPA(X, XN, P, PN, 5) SDPA(X, XN, P, PN, 6)     \
-      SDPA(X, XN, P, PN, 7) SDPA(X, XN, P, PN, 8)
-SDPA_ALL_DL(F32, f32, int, i32)
-SDPA_ALL_DL(F32, f32, i64, i64)
-SDPA_ALL_DL(BF16, bf16, int, i32)
-SDPA_ALL_DL(BF16, bf16, i64, i64)

@@ -20,9 +20,9 @@ __device__ __forceinline__ void embedding_impl(typename O::T* out, const typenam
   for (int d = threadIdx.x; d < D; d += blockDim.x) O::store(out, dst + d, T::load(table, src + d));
 }
 
-#define EMBEDDING(NAME, T, O, I)                                                                                     \
-  extern "C" __global__ void NAME(O::T* out, const T::T* table, const I* ids, int V, int D, int* err) {              \
-    embedding_impl<T, O, I>(out, table, ids, V, D, err);                                                             \
+#define EMBEDDING(NAME, TAB, OUT, ID)                                                                                \
+  extern "C" __global__ void NAME(OUT::T* out, const TAB::T* table, const ID* ids, int V, int D, int* err) {         \
+    embedding_impl<TAB, OUT, ID>(out, table, ids, V, D, err);                                                        \
   }
 EMBEDDING(embedding_f32_f32_i32, F32, F32, int)
 EMBEDDING(embedding_f32_f32_i64, F32, F32, i64)

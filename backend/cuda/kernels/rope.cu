@@ -29,10 +29,10 @@ __device__ __forceinline__ void rope_impl(typename X::T* out, const typename X::
   X::store(out, base + half + f, X::round(X::round(x2 * c) + X::round(x1 * sn)));
 }
 
-#define ROPE(NAME, X, T, P)                                                                                          \
+#define ROPE(NAME, X, TAB, P)                                                                                        \
   extern "C" __global__ void NAME(X::T* out, const X::T* x, const P* pos, const float* inv_freq, int heads, int S,   \
                                   int half, float scaling, int scaled, i64 total) {                                  \
-    rope_impl<X, T, P>(out, x, pos, inv_freq, heads, S, half, scaling, scaled, total);                               \
+    rope_impl<X, TAB, P>(out, x, pos, inv_freq, heads, S, half, scaling, scaled, total);                             \
   }
 ROPE(rope_f32_i32, F32, F32, int)
 ROPE(rope_f32_i64, F32, F32, i64)

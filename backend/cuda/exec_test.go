@@ -1,0 +1,224 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/model"
+	_ "github.com/loom-ml/loom/model/all"
+	"github.com/loom-ml/loom/tensor"
+)
+
+func TestCompileNamesMissingKernels(t *testing.T) {
+	b := graph.NewBuilder("g")
+	x := b.Input("x", tensor.F32, graph.Shape{graph.Sym("B"), graph.D(4)})
+	b.Output(b.Unary("rsqrt", b.Pow(x, b.Scalar(tensor.F32, 2))))
+	g, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Compile(context.Background(), nil, g, nil)
+	if err == nil {
+		t.Fatal("compile succeeded")
+	}
+	for _, want := range []string{`no CUDA kernel for op "pow"`, `no CUDA kernel for op "rsqrt"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+// inputIDs returns input_ids and positions for B sequences of S tokens; sequence b starts
+// at position 2*b.
+func inputIDs(rng *rand.Rand, B, S, vocab int) map[string]*tensor.Tensor {
+	ids, pos := tensor.New(tensor.I32, B, S), tensor.New(tensor.I32, B, S)
+	for b := range B {
+		for s := range S {
+			ids.I32[b*S+s] = int32(rng.IntN(vocab))
+			pos.I32[b*S+s] = int32(2*b + s)
+		}
+	}
+	return map[string]*tensor.Tensor{"input_ids": ids, "positions": pos}
+}
+
+// rotaryInvFreq finds the inverse frequencies the frontend put in the plain graph.
+func rotaryInvFreq(g *graph.Graph, half int) ([]float64, error) {
+	for _, n := range g.Nodes {
+		if n.Op == graph.OpConst && n.Scope == "model.rotary_emb" && len(n.Out().Type.Shape) == 1 && n.Out().Type.Shape[0].Size == half {
+			return n.Attrs.Floats("values"), nil
+		}
+	}
+	return nil, fmt.Errorf("no rotary inverse frequencies in graph %s", g.Name)
+}
+
+// fusedGraph writes a Llama-family model with the fused ops (what the transform pipeline
+// is to produce): embedding, rmsnorm, linear, rope, sdpa, add_rmsnorm, swiglu, and the
+// shape ops between them.
+func fusedGraph(m *model.Model, act tensor.DType, inv []float64) (*graph.Graph, error) {
+	cfg := m.Config
+	B, S := graph.Sym("B"), graph.Sym("S")
+	b := graph.NewBuilder(cfg.Architectures[0] + "_fused")
+	ids := b.Input("input_ids", tensor.I32, graph.Shape{B, S})
+	pos := b.Input("positions", tensor.I32, graph.Shape{B, S})
+	param := func(key string, shape ...int) *graph.Value {
+		info, ok := m.Checkpoint.Info(key)
+		if !ok {
+			b.Fail(fmt.Errorf("no tensor %s", key))
+			return b.Scalar(tensor.F32, 0)
+		}
+		return b.Param(key, info.DType, graph.Dims(shape...))
+	}
+	has := func(key string) bool { _, ok := m.Checkpoint.Info(key); return ok }
+	lin := func(x *graph.Value, p string, in, out int) *graph.Value {
+		y := b.Linear(x, param(p+".weight", out, in))
+		if has(p + ".bias") {
+			y = b.Add(y, param(p+".bias", out))
+		}
+		return y
+	}
+	norm := func(x, w *graph.Value) *graph.Value {
+		return b.Op("rmsnorm", graph.Attrs{"eps": cfg.RMSNormEps}, x, w)
+	}
+	Hd, H, KV, D, I := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim, cfg.IntermediateSize
+	embed := param("model.embed_tokens.weight", cfg.VocabSize, Hd)
+	resid := b.Cast(b.Embedding(embed, ids), act)
+	x := norm(resid, param("model.layers.0.input_layernorm.weight", Hd))
+	for l := range cfg.NumHiddenLayers {
+		p := fmt.Sprintf("model.layers.%d", l)
+		q := b.Reshape(lin(x, p+".self_attn.q_proj", Hd, H*D), B, S, graph.D(H), graph.D(D))
+		k := b.Reshape(lin(x, p+".self_attn.k_proj", Hd, KV*D), B, S, graph.D(KV), graph.D(D))
+		v := b.Reshape(lin(x, p+".self_attn.v_proj", Hd, KV*D), B, S, graph.D(KV), graph.D(D))
+		if has(p + ".self_attn.q_norm.weight") {
+			q = norm(q, param(p+".self_attn.q_norm.weight", D))
+			k = norm(k, param(p+".self_attn.k_norm.weight", D))
+		}
+		q, k, v = b.Transpose(q, 0, 2, 1, 3), b.Transpose(k, 0, 2, 1, 3), b.Transpose(v, 0, 2, 1, 3)
+		qk := b.Apply("rope", graph.Attrs{"inv_freq": inv, "scaling": 1.0}, q, k, pos)
+		o := b.Op("sdpa", graph.Attrs{"scale": 1 / math.Sqrt(float64(D)), "window": cfg.SlidingWindow}, qk[0], qk[1], v, pos)
+		o = b.Reshape(b.Transpose(o, 0, 2, 1, 3), B, S, graph.D(H*D))
+		a := lin(o, p+".self_attn.o_proj", H*D, Hd)
+		r := b.Apply("add_rmsnorm", graph.Attrs{"eps": cfg.RMSNormEps}, a, resid, param(p+".post_attention_layernorm.weight", Hd))
+		x, resid = r[0], r[1]
+		g := lin(x, p+".mlp.gate_proj", Hd, I)
+		u := lin(x, p+".mlp.up_proj", Hd, I)
+		mlp := lin(b.Op("swiglu", nil, g, u), p+".mlp.down_proj", I, Hd)
+		next := "model.norm.weight"
+		if l+1 < cfg.NumHiddenLayers {
+			next = fmt.Sprintf("model.layers.%d.input_layernorm.weight", l+1)
+		}
+		r = b.Apply("add_rmsnorm", graph.Attrs{"eps": cfg.RMSNormEps}, mlp, resid, param(next, Hd))
+		x, resid = r[0], r[1]
+	}
+	head := embed
+	if !cfg.TieWordEmbeddings {
+		head = param("lm_head.weight", cfg.VocabSize, Hd)
+	}
+	b.Output(b.Cast(b.Linear(x, head), tensor.F32))
+	return b.Build()
+}
+
+// fixtureGraphs opens a fixture and returns its plain graph and the fused graph.
+func fixtureGraphs(t *testing.T, name string, act tensor.DType) (*model.Model, *graph.Graph, *graph.Graph) {
+	t.Helper()
+	m, err := model.Open("../../testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	plain, err := model.BuildGraph(m.Config, model.BuildOptions{ActivationDType: act, Tensors: m.Checkpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := rotaryInvFreq(plain, m.Config.HeadDim/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fused, err := fusedGraph(m, act, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, plain, fused
+}
+
+func runCPU(t *testing.T, m *model.Model, g *graph.Graph, in map[string]*tensor.Tensor) *tensor.Tensor {
+	t.Helper()
+	p, err := cpu.Compile(context.Background(), g, m.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+var fixtures = []string{"tiny-llama", "tiny-gqa6", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-llama31"}
+
+// The fused test graph computes what the frontend's plain graph computes (on the CPU).
+func TestFusedGraphMatchesPlainOnCPU(t *testing.T) {
+	for _, name := range fixtures {
+		t.Run(name, func(t *testing.T) {
+			m, plain, fused := fixtureGraphs(t, name, tensor.F32)
+			in := inputIDs(rand.New(rand.NewPCG(11, 11)), 2, 9, m.Config.VocabSize)
+			want, got := runCPU(t, m, plain, in), runCPU(t, m, fused, in)
+			maxErr := 0.0
+			for i := range want.Numel() {
+				maxErr = max(maxErr, math.Abs(got.At(i)-want.At(i)))
+			}
+			if maxErr > 1e-4 {
+				t.Errorf("fused graph differs from the plain graph by %.3g", maxErr)
+			}
+		})
+	}
+}
+
+// The CUDA executor runs the fused graphs of the fixtures and gives the CPU's logits.
+func TestProgramFixtures(t *testing.T) {
+	d := gpu(t)
+	for _, name := range fixtures {
+		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
+			t.Run(name+"/"+act.String(), func(t *testing.T) {
+				m, _, fused := fixtureGraphs(t, name, act)
+				p, err := Compile(context.Background(), d, fused, m.Checkpoint)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Close()
+				rng := rand.New(rand.NewPCG(12, 12))
+				for _, bs := range [][2]int{{2, 9}, {1, 37}, {3, 5}, {2, 9}} {
+					in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
+					want := runCPU(t, m, fused, in)
+					out, err := p.Run(context.Background(), in)
+					if err != nil {
+						t.Fatal(err)
+					}
+					maxWant := 0.0
+					for i := range want.Numel() {
+						maxWant = max(maxWant, math.Abs(want.At(i)))
+					}
+					// Logits through two layers of bf16 GEMMs: a few bf16 ulps of the largest logit.
+					tl := tol{atol: maxWant / 32}
+					compare(t, "program", fmt.Sprintf("%s act %s B%d S%d", name, act, bs[0], bs[1]), out[0], want, tl)
+					// Greedy tokens agree at the last position unless the CPU's top two are close.
+					V := m.Config.VocabSize
+					for b := range bs[0] {
+						off := (b*bs[1] + bs[1] - 1) * V
+						w, g := want.Float32s()[off:off+V], out[0].Float32s()[off:off+V]
+						wi, gi := goArgmax(w), goArgmax(g)
+						if wi != gi && math.Abs(float64(w[wi]-w[gi])) > float64(maxWant)/64 {
+							t.Errorf("%s B%d S%d row %d: GPU picks token %d, CPU %d (logits %v vs %v)", name, bs[0], bs[1], b, gi, wi, w[gi], w[wi])
+						}
+					}
+				}
+				t.Logf("%s act %s: %d steps, %d folded, %d bytes of weights", name, act, len(p.steps), p.Folded, p.WeightBytes())
+			})
+		}
+	}
+}

@@ -1,0 +1,273 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// The GPU tests compare every kernel with the backend/cpu kernel of the same op on random
+// inputs, and report each comparison's largest errors in a table printed after the tests.
+//
+// Tolerances, |got - want| <= atol + rtol*|want| element by element:
+//   - bit-exact ops (embedding, add, mul, cast and the copies): 0.
+//   - f32 results of rmsnorm, add_rmsnorm, rope and swiglu: rtol 1e-5, atol 1e-6 (the
+//     kernels round like the CPU's; sums of squares and exp differ in the last bits only).
+//   - bf16 results of those: rtol 2^-7 (one bf16 ulp) and atol 1e-6.
+//   - sdpa f32: rtol 1e-4, atol 2e-5; sdpa bf16: rtol 2^-7, atol 2^-7·max|v| (the GPU never
+//     rounds probabilities to bf16, the decomposition does).
+//   - linear: relative to m = Σ|x·w| of each output: f32 x f32 1e-5·m; bf16 x bf16, rounded
+//     to bf16: 2^-7·|want| + 1e-5·m; f32 x with bf16 w (x rounded to bf16 on the GPU): 2^-8·m.
+
+var (
+	testDev    *Device
+	testDevErr error
+
+	resultsMu sync.Mutex
+	results   []result
+)
+
+type result struct {
+	op, name     string
+	maxAbs, rel  float64 // largest absolute error, and largest error relative to the max |want|
+	n, bad       int
+	atol, rtolOK string
+}
+
+func TestMain(m *testing.M) {
+	// Kernel cache in a fresh folder, so the run measures compilation.
+	dir, err := os.MkdirTemp("", "loom-cuda-test-")
+	if err == nil {
+		os.Setenv(CacheDirEnv, dir)
+	}
+	if err := cubind.Available(); err != nil {
+		testDevErr = err
+	} else {
+		testDev, testDevErr = Open(0)
+	}
+	code := m.Run()
+	if testDev != nil {
+		printSummary()
+		if err := testDev.Close(); err != nil {
+			fmt.Println("close:", err)
+			code = 1
+		}
+	}
+	if dir != "" {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
+
+func printSummary() {
+	fmt.Println("== device:", testDev.Info())
+	for _, st := range testDev.CompileStats() {
+		fmt.Printf("== kernels %-16s cubin %7d bytes, %s in %v\n", st.File, st.CubinLen, map[bool]string{true: "cache hit", false: "compiled"}[st.Cached], st.Elapsed.Round(1e6))
+	}
+	as := testDev.Allocator().Stats()
+	fmt.Printf("== allocator: %d requests, %d reused, %d driver allocations, peak %d bytes\n", as.Allocs, as.Reused, as.DriverMem, as.Peak)
+	resultsMu.Lock()
+	defer resultsMu.Unlock()
+	sort.SliceStable(results, func(i, j int) bool { return results[i].op < results[j].op })
+	worst := map[string]result{}
+	var ops []string
+	for _, r := range results {
+		w, ok := worst[r.op]
+		if !ok {
+			ops = append(ops, r.op)
+		}
+		if !ok || r.maxAbs > w.maxAbs {
+			worst[r.op] = r
+		}
+	}
+	fmt.Println("== max errors per op (worst case; all cases below):")
+	for _, op := range ops {
+		w := worst[op]
+		fmt.Printf("==   %-12s max abs %.3g (%.3g of max |want|) in %s\n", op, w.maxAbs, w.rel, w.name)
+	}
+	for _, r := range results {
+		status := "ok"
+		if r.bad > 0 {
+			status = fmt.Sprintf("FAIL %d/%d", r.bad, r.n)
+		}
+		fmt.Printf("==   %-12s %-58s n=%-8d max abs %-10.3g rel %-10.3g %s\n", r.op, r.name, r.n, r.maxAbs, r.rel, status)
+	}
+}
+
+// gpu returns the test device or skips the test.
+func gpu(t *testing.T) *Device {
+	t.Helper()
+	if testDev == nil {
+		t.Skip("no GPU: " + testDevErr.Error())
+	}
+	return testDev
+}
+
+// randTensor returns a tensor of dtype dt with uniform values in [lo, hi), rounded to dt.
+func randTensor(rng *rand.Rand, dt tensor.DType, shape []int, lo, hi float64) *tensor.Tensor {
+	f := make([]float32, tensor.Numel(shape))
+	for i := range f {
+		f[i] = float32(lo + (hi-lo)*rng.Float64())
+	}
+	return tensor.FromF32(f, shape...).Cast(dt)
+}
+
+// randInts returns an integer tensor with values in [0, n).
+func randInts(rng *rand.Rand, dt tensor.DType, shape []int, n int) *tensor.Tensor {
+	t := tensor.New(dt, shape...)
+	for i := range t.Numel() {
+		v := rng.IntN(n)
+		if dt == tensor.I64 {
+			t.I64[i] = int64(v)
+		} else {
+			t.I32[i] = int32(v)
+		}
+	}
+	return t
+}
+
+// cpuOp runs op on the CPU backend: one graph input per tensor, the node's outputs as the
+// graph's outputs.
+func cpuOp(t *testing.T, op string, attrs graph.Attrs, in ...*tensor.Tensor) []*tensor.Tensor {
+	t.Helper()
+	b := graph.NewBuilder("ref")
+	vals := make([]*graph.Value, len(in))
+	feeds := map[string]*tensor.Tensor{}
+	for i, x := range in {
+		name := fmt.Sprintf("x%d", i)
+		vals[i] = b.Input(name, x.DType, graph.Dims(x.Shape...))
+		feeds[name] = x
+	}
+	b.Output(b.Apply(op, attrs, vals...)...)
+	g, err := b.Build()
+	if err != nil {
+		t.Fatalf("build %s: %v", op, err)
+	}
+	p, err := cpu.Compile(context.Background(), g, nil)
+	if err != nil {
+		t.Fatalf("cpu compile %s: %v", op, err)
+	}
+	out, err := p.Run(context.Background(), feeds)
+	if err != nil {
+		t.Fatalf("cpu %s: %v", op, err)
+	}
+	return out
+}
+
+// up uploads host tensors.
+func up(t *testing.T, d *Device, hs ...*tensor.Tensor) []*Tensor {
+	t.Helper()
+	out := make([]*Tensor, len(hs))
+	for i, h := range hs {
+		x, err := d.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = x
+		t.Cleanup(func() { d.Free(x) })
+	}
+	return out
+}
+
+// like allocates device tensors shaped like the given host tensors.
+func like(t *testing.T, d *Device, hs ...*tensor.Tensor) []*Tensor {
+	t.Helper()
+	out := make([]*Tensor, len(hs))
+	for i, h := range hs {
+		x, err := d.Alloc(h.DType, h.Shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = x
+		t.Cleanup(func() { d.Free(x) })
+	}
+	return out
+}
+
+func down(t *testing.T, d *Device, x *Tensor) *tensor.Tensor {
+	t.Helper()
+	h, err := d.Download(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// tol is an elementwise tolerance; scale, when set, gives a per-element magnitude that
+// rtol multiplies instead of |want|.
+type tol struct {
+	atol, rtol float64
+	scale      []float64
+}
+
+var (
+	exact  = tol{}
+	tolF32 = tol{atol: 1e-6, rtol: 1e-5}
+	tolBF  = tol{atol: 1e-6, rtol: 1.0 / 128}
+)
+
+// tolFor is tolF32 or tolBF by the result's dtype.
+func tolFor(dt tensor.DType) tol {
+	if dt == tensor.BF16 {
+		return tolBF
+	}
+	return tolF32
+}
+
+// compare checks got against want elementwise and records the errors.
+func compare(t *testing.T, op, name string, got, want *tensor.Tensor, tl tol) {
+	t.Helper()
+	if got.DType != want.DType || !slices.Equal(got.Shape, want.Shape) {
+		t.Errorf("%s %s: got %s%v, want %s%v", op, name, got.DType, got.Shape, want.DType, want.Shape)
+		return
+	}
+	r := result{op: op, name: name, n: want.Numel()}
+	maxWant := 0.0
+	var msgs []string
+	for i := range want.Numel() {
+		g, w := got.At(i), want.At(i)
+		if math.IsNaN(w) || math.IsNaN(g) {
+			if math.IsNaN(w) != math.IsNaN(g) {
+				r.bad++
+				if len(msgs) < 5 {
+					msgs = append(msgs, fmt.Sprintf("element %d = %v, want %v", i, g, w))
+				}
+			}
+			continue
+		}
+		maxWant = max(maxWant, math.Abs(w))
+		e := math.Abs(g - w)
+		r.maxAbs = max(r.maxAbs, e)
+		mag := math.Abs(w)
+		if tl.scale != nil {
+			mag = tl.scale[i]
+		}
+		if e > tl.atol+tl.rtol*mag {
+			r.bad++
+			if len(msgs) < 5 {
+				msgs = append(msgs, fmt.Sprintf("element %d = %v, want %v (error %.3g, allowed %.3g)", i, g, w, e, tl.atol+tl.rtol*mag))
+			}
+		}
+	}
+	if maxWant > 0 {
+		r.rel = r.maxAbs / maxWant
+	}
+	resultsMu.Lock()
+	results = append(results, r)
+	resultsMu.Unlock()
+	if r.bad > 0 {
+		t.Errorf("%s %s: %d of %d elements out of tolerance:\n  %s", op, name, r.bad, r.n, strings.Join(msgs, "\n  "))
+	}
+}
