@@ -3,6 +3,7 @@ package dist
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -269,15 +270,24 @@ func (g Group) Validate(rank, world int) error {
 	if len(g.Ranks) == 0 {
 		return fmt.Errorf("dist: group %s has no ranks", g)
 	}
-	seen := make(map[int]bool, len(g.Ranks))
-	for _, r := range g.Ranks {
+	var seen map[int]bool // for large groups; small ones compare pairs, without allocating
+	if len(g.Ranks) > 32 {
+		seen = make(map[int]bool, len(g.Ranks))
+	}
+	for i, r := range g.Ranks {
 		if r < 0 || r >= world {
 			return fmt.Errorf("dist: group %s: rank %d out of range for a world of %d", g, r, world)
 		}
-		if seen[r] {
+		twice := seen[r]
+		if seen == nil {
+			twice = slices.Contains(g.Ranks[:i], r)
+		}
+		if twice {
 			return fmt.Errorf("dist: group %s lists rank %d twice", g, r)
 		}
-		seen[r] = true
+		if seen != nil {
+			seen[r] = true
+		}
 	}
 	if g.Index < 0 || g.Index >= len(g.Ranks) {
 		return fmt.Errorf("dist: group %s: index %d out of range", g, g.Index)

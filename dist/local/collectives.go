@@ -66,43 +66,59 @@ func (c *Comm) AllReduceStrategy(ctx context.Context, g dist.Group, op dist.Redu
 	cl := call{kind: "all_reduce", t: t, op: op, strategy: strategy}
 	strategy, err := localStrategy(strategy)
 	cl.err = firstErr(err, checkOp(op), checkTensor(t, true))
-	s, err := c.enter(ctx, g, cl)
+	n, m := len(g.Ranks), 0
+	if cl.err == nil {
+		m = t.Numel()
+		if strategy == dist.StrategyAuto {
+			strategy = c.w.strategy
+		}
+		// Every rank resolves the same strategy: the group, the shape and the strategy
+		// asked for are checked to agree before any data moves.
+		strategy = dist.StrategyFor(m*t.DType.Size(), n, strategy)
+	}
+	var stage func(s *session, cl *call)
+	if strategy == dist.StrategyOneShot && n > 1 && m > 0 {
+		stage = func(s *session, cl *call) {
+			cl.stage = s.gs.stage[s.idx][s.step%2].tensor(t.DType, m)
+			copyElems(cl.stage, 0, t, 0, m)
+		}
+	}
+	s, err := c.enter(ctx, g, cl, stage)
 	if err != nil {
 		return err
 	}
 	defer s.leave()
-	n, m := len(s.calls), t.Numel()
 	if n == 1 || m == 0 {
 		return nil
 	}
-	if strategy == dist.StrategyAuto {
-		strategy = c.w.strategy
+	if stage != nil {
+		// oneshot: every rank folds every staged copy straight into its own tensor, which
+		// nobody else reads. One synchronisation: the arrival.
+		srcs := make([]*tensor.Tensor, n)
+		for r := range s.calls {
+			srcs[r] = s.calls[r].stage
+		}
+		red := newReducer(t.DType, op, srcs)
+		red.reduce(t, 0, 0, m, false)
+		red.release()
+		return nil
 	}
-	strategy = dist.StrategyFor(m*t.DType.Size(), n, strategy)
+	// twoshot: rank i reduces chunk i into its own tensor, in place; meanwhile peers read
+	// only their own chunk of it. Then it copies the other chunks from their owners, who
+	// no longer write them. Three synchronisations, no copy beyond the result.
 	srcs := s.tensors()
 	red := newReducer(t.DType, op, srcs)
-	defer red.release()
-	switch strategy {
-	case dist.StrategyTwoShot:
-		// Rank i reduces chunk i into its own tensor. Peers read only their own chunk of
-		// it meanwhile, and only the owner's chunk afterwards.
-		lo, hi := chunk(m, n, s.idx)
-		red.reduce(t, lo, lo, hi-lo)
-		s.barrier(0)
-		for r := range n {
-			if r != s.idx {
-				lo, hi := chunk(m, n, r)
-				copyElems(t, lo, srcs[r], lo, hi-lo)
-			}
+	lo, hi := chunk(m, n, s.idx)
+	red.reduce(t, lo, lo, hi-lo, true)
+	red.release()
+	s.barrier(0)
+	for r := range n {
+		if r != s.idx {
+			lo, hi := chunk(m, n, r)
+			copyElems(t, lo, srcs[r], lo, hi-lo)
 		}
-		s.barrier(1) // nobody reads t any more
-	default: // oneshot
-		scratch := getScratch(t.DType, m)
-		red.reduce(scratch, 0, 0, m)
-		s.barrier(0) // nobody reads t any more
-		copyElems(t, 0, scratch, 0, m)
-		putScratch(scratch)
 	}
+	s.barrier(1) // nobody reads t any more
 	return nil
 }
 
@@ -113,7 +129,7 @@ func (c *Comm) AllGather(ctx context.Context, g dist.Group, t *tensor.Tensor, ax
 	if cl.err == nil {
 		cl.a, cl.err = normAxis(axis, len(t.Shape), "axis")
 	}
-	s, err := c.enter(ctx, g, cl)
+	s, err := c.enter(ctx, g, cl, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +160,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, g dist.Group, op dist.ReduceOp
 	if cl.err == nil && len(g.Ranks) > 0 && t.Shape[cl.a]%len(g.Ranks) != 0 {
 		cl.err = fmt.Errorf("axis %d of %v is not divisible by the group size %d", cl.a, t.Shape, len(g.Ranks))
 	}
-	s, err := c.enter(ctx, g, cl)
+	s, err := c.enter(ctx, g, cl, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +174,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, g dist.Group, op dist.ReduceOp
 	red := newReducer(t.DType, op, s.tensors())
 	defer red.release()
 	for o := range outer {
-		red.reduce(out, o*piece, (o*n+s.idx)*piece, piece)
+		red.reduce(out, o*piece, (o*n+s.idx)*piece, piece, false)
 	}
 	s.barrier(0)
 	return out, nil
@@ -177,7 +193,7 @@ func (c *Comm) AllToAll(ctx context.Context, g dist.Group, t *tensor.Tensor, spl
 	if cl.err == nil && len(g.Ranks) > 0 && t.Shape[cl.a]%len(g.Ranks) != 0 {
 		cl.err = fmt.Errorf("split_axis %d of %v is not divisible by the group size %d", cl.a, t.Shape, len(g.Ranks))
 	}
-	s, err := c.enter(ctx, g, cl)
+	s, err := c.enter(ctx, g, cl, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +222,7 @@ func (c *Comm) Broadcast(ctx context.Context, g dist.Group, t *tensor.Tensor, ro
 	if cl.err == nil && (root < 0 || root >= len(g.Ranks)) {
 		cl.err = fmt.Errorf("root %d out of range for a group of %d", root, len(g.Ranks))
 	}
-	s, err := c.enter(ctx, g, cl)
+	s, err := c.enter(ctx, g, cl, nil)
 	if err != nil {
 		return err
 	}
@@ -220,7 +236,7 @@ func (c *Comm) Broadcast(ctx context.Context, g dist.Group, t *tensor.Tensor, ro
 
 // Barrier returns once every rank of g has called it.
 func (c *Comm) Barrier(ctx context.Context, g dist.Group) error {
-	s, err := c.enter(ctx, g, call{kind: "barrier"})
+	s, err := c.enter(ctx, g, call{kind: "barrier"}, nil)
 	if err != nil {
 		return err
 	}

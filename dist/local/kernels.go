@@ -51,36 +51,67 @@ func (r *reducer) release() {
 }
 
 // reduce writes the fold of the sources' elements [sOff, sOff+n) to dst's [dOff, dOff+n).
-func (r *reducer) reduce(dst *tensor.Tensor, dOff, sOff, n int) {
+// alias says whether dst may share storage with a source.
+func (r *reducer) reduce(dst *tensor.Tensor, dOff, sOff, n int, alias bool) {
 	switch r.dt {
 	case tensor.F32:
-		foldNative(dst.F32[dOff:dOff+n], r.f32, sOff, r.op, r.acc[:])
+		foldNative(dst.F32[dOff:dOff+n], r.f32, sOff, r.op, r.acc[:], alias)
 	case tensor.I32:
-		foldNative(dst.I32[dOff:dOff+n], r.i32, sOff, r.op, r.iacc[:])
+		foldNative(dst.I32[dOff:dOff+n], r.i32, sOff, r.op, r.iacc[:], alias)
 	case tensor.BF16, tensor.F16:
 		r.foldHalf(dst.Half[dOff:dOff+n], sOff)
 	}
 }
 
-// foldNative folds srcs[*][off:off+len(dst)] into dst, block by block through acc.
-func foldNative[T float32 | int32](dst []T, srcs [][]T, off int, op dist.ReduceOp, acc []T) {
+// foldNative folds srcs[*][off:off+len(dst)] into dst block by block, so that a block of
+// the result stays in L1 while the sources stream past. When dst may alias a source, each
+// block is folded in acc and copied out after all its sources have been read.
+func foldNative[T float32 | int32](dst []T, srcs [][]T, off int, op dist.ReduceOp, acc []T, alias bool) {
 	for lo := 0; lo < len(dst); lo += block {
 		hi := min(lo+block, len(dst))
-		a := acc[:hi-lo]
-		copy(a, srcs[0][off+lo:off+hi])
-		for _, s := range srcs[1:] {
-			s := s[off+lo : off+hi]
-			if op == dist.Max {
-				for i := range a {
-					a[i] = max(a[i], s[i])
-				}
-			} else {
-				for i := range a {
-					a[i] += s[i]
-				}
-			}
+		a := dst[lo:hi]
+		if alias {
+			a = acc[:hi-lo]
 		}
-		copy(dst[lo:hi], a)
+		if len(srcs) == 1 {
+			copy(a, srcs[0][off+lo:off+hi])
+		} else {
+			combine2(a, srcs[0][off+lo:off+hi], srcs[1][off+lo:off+hi], op)
+		}
+		for _, s := range srcs[min(2, len(srcs)):] {
+			combineInto(a, s[off+lo:off+hi], op)
+		}
+		if alias {
+			copy(dst[lo:hi], a)
+		}
+	}
+}
+
+// combine2 sets d = x op y elementwise.
+func combine2[T float32 | int32](d, x, y []T, op dist.ReduceOp) {
+	x, y = x[:len(d)], y[:len(d)] // one bounds check, not one per element
+	if op == dist.Max {
+		for i := range d {
+			d[i] = max(x[i], y[i])
+		}
+		return
+	}
+	for i := range d {
+		d[i] = x[i] + y[i]
+	}
+}
+
+// combineInto sets d = d op x elementwise.
+func combineInto[T float32 | int32](d, x []T, op dist.ReduceOp) {
+	x = x[:len(d)]
+	if op == dist.Max {
+		for i := range d {
+			d[i] = max(d[i], x[i])
+		}
+		return
+	}
+	for i := range d {
+		d[i] += x[i]
 	}
 }
 
@@ -92,15 +123,7 @@ func (r *reducer) foldHalf(dst []uint16, off int) {
 		widen(a, r.half[0][off+lo:off+hi], bf)
 		for _, s := range r.half[1:] {
 			widen(t, s[off+lo:off+hi], bf)
-			if r.op == dist.Max {
-				for i := range a {
-					a[i] = max(a[i], t[i])
-				}
-			} else {
-				for i := range a {
-					a[i] += t[i]
-				}
-			}
+			combineInto(a, t, r.op)
 		}
 		d := dst[lo:hi]
 		if bf {
@@ -218,41 +241,30 @@ func sameStorage(a, b *tensor.Tensor) bool {
 	return false
 }
 
-// Scratch tensors for oneshot all_reduce, pooled by storage type.
-var (
-	scratchF32  sync.Pool
-	scratchHalf sync.Pool
-	scratchI32  sync.Pool
-)
+// stageBuf is a staging buffer that grows to the largest message staged in it.
+type stageBuf struct {
+	f32  []float32
+	half []uint16
+	i32  []int32
+}
 
-// getScratch returns a tensor of dtype dt with m elements of unspecified content.
-func getScratch(dt tensor.DType, m int) *tensor.Tensor {
+// tensor returns a tensor of dtype dt with m elements in the buffer, of unspecified content.
+func (b *stageBuf) tensor(dt tensor.DType, m int) *tensor.Tensor {
 	t := &tensor.Tensor{DType: dt, Shape: []int{m}}
 	switch dt {
 	case tensor.F32:
-		t.F32 = pooled[float32](&scratchF32, m)
+		t.F32 = grow(&b.f32, m)
 	case tensor.BF16, tensor.F16:
-		t.Half = pooled[uint16](&scratchHalf, m)
+		t.Half = grow(&b.half, m)
 	case tensor.I32:
-		t.I32 = pooled[int32](&scratchI32, m)
+		t.I32 = grow(&b.i32, m)
 	}
 	return t
 }
 
-func pooled[T any](p *sync.Pool, m int) []T {
-	if b, ok := p.Get().(*[]T); ok && cap(*b) >= m {
-		return (*b)[:m]
+func grow[T any](b *[]T, m int) []T {
+	if cap(*b) < m {
+		*b = make([]T, m)
 	}
-	return make([]T, m)
-}
-
-func putScratch(t *tensor.Tensor) {
-	switch t.DType {
-	case tensor.F32:
-		scratchF32.Put(&t.F32)
-	case tensor.BF16, tensor.F16:
-		scratchHalf.Put(&t.Half)
-	case tensor.I32:
-		scratchI32.Put(&t.I32)
-	}
+	return (*b)[:m]
 }

@@ -48,9 +48,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/loom-ml/loom/dist"
@@ -169,21 +171,26 @@ type group struct {
 	mu   sync.Mutex
 	next []uint64       // the next step of each member, by group index
 	ops  map[uint64]*op // steps in progress
-	dead chan struct{}  // closed when the group breaks
+	// stage holds each member's oneshot staging buffers, by group index and step parity.
+	// Member i writes stage[i][p] before it arrives at a step of parity p; its peers read
+	// it after every member has arrived. Its next write, two steps later, comes after
+	// every peer has arrived at the step in between, so after they have finished reading.
+	stage [][2]stageBuf
+	dead  chan struct{} // closed when the group breaks
 	// Set before dead closes: why the group broke, and the ranks at fault.
 	cause    error
 	culprits []int
 }
 
-func groupKey(ranks []int) string {
-	b := make([]byte, 0, 4*len(ranks))
+// groupKey appends the key of a group's ranks to b.
+func groupKey(b []byte, ranks []int) []byte {
 	for i, r := range ranks {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = strconv.AppendInt(b, int64(r), 10)
 	}
-	return string(b)
+	return b
 }
 
 func (g *group) holds(rank int) bool {
@@ -212,19 +219,21 @@ func (g *group) killLocked(cause error, culprits []int) {
 
 // group finds or makes the shared state of ranks, for rank, which must not have aborted.
 func (w *world) group(rank int, ranks []int) (*group, error) {
-	key := groupKey(ranks)
+	var buf [64]byte
+	key := groupKey(buf[:0], ranks)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err, ok := w.failed[rank]; ok {
 		return nil, fmt.Errorf("%w: %w", dist.ErrAborted, err)
 	}
-	if g, ok := w.groups[key]; ok {
+	if g, ok := w.groups[string(key)]; ok { // no allocation for the lookup
 		return g, nil
 	}
 	g := &group{
 		ranks: append([]int(nil), ranks...),
 		next:  make([]uint64, len(ranks)),
 		ops:   map[uint64]*op{},
+		stage: make([][2]stageBuf, len(ranks)),
 		dead:  make(chan struct{}),
 	}
 	var failed []int
@@ -242,7 +251,7 @@ func (w *world) group(rank int, ranks []int) (*group, error) {
 	if len(failed) > 0 {
 		g.killLocked(fmt.Errorf(format, args...), failed)
 	}
-	w.groups[key] = g
+	w.groups[string(key)] = g
 	return g, nil
 }
 
@@ -253,9 +262,10 @@ type call struct {
 	axis     string // the group's axis name
 	t        *tensor.Tensor
 	op       dist.ReduceOp
-	strategy string // all_reduce: the strategy asked for (before auto is resolved)
-	a, b     int    // axis; split and concat axes; root
-	err      error  // the call is invalid on this rank
+	strategy string         // all_reduce: the strategy asked for (before auto is resolved)
+	a, b     int            // axis; split and concat axes; root
+	stage    *tensor.Tensor // oneshot all_reduce: this rank's staged copy of t
+	err      error          // the call is invalid on this rank
 	posted   bool
 }
 
@@ -308,6 +318,7 @@ type op struct {
 	calls   []call
 	arrived int
 	arrive  chan struct{} // closed when every rank has arrived
+	ready   atomic.Bool   // set as arrive closes, for spinning waiters
 	bars    [2]barrier    // synchronisations after arrival
 	left    int
 }
@@ -315,6 +326,7 @@ type op struct {
 type barrier struct {
 	count int
 	done  chan struct{}
+	ready atomic.Bool // set as done closes
 }
 
 // session is one rank inside one collective.
@@ -335,8 +347,10 @@ func (s *session) errorf(peers []int, err error) error {
 
 // enter arrives at the next step of the group with cl and waits for the other ranks. On
 // success every rank's call is in s.calls and agrees with this one; the caller runs the
-// collective and then calls leave.
-func (c *Comm) enter(ctx context.Context, g dist.Group, cl call) (*session, error) {
+// collective and then calls leave. stage, if not nil, runs once the step is known and
+// before this rank arrives, when its call is valid (oneshot all_reduce copies its input to
+// its staging buffer there).
+func (c *Comm) enter(ctx context.Context, g dist.Group, cl call, stage func(s *session, cl *call)) (*session, error) {
 	s := &session{c: c, g: g, kind: cl.kind, idx: g.Index}
 	if err := g.Validate(c.rank, c.w.size); err != nil {
 		return nil, s.errorf(nil, err)
@@ -350,6 +364,7 @@ func (c *Comm) enter(ctx context.Context, g dist.Group, cl call) (*session, erro
 	cl.posted = true
 	n := len(g.Ranks)
 
+	// Take the step. Only this rank touches gs.next[s.idx] and its staging buffers.
 	gs.mu.Lock()
 	s.step = gs.next[s.idx]
 	if gs.cause != nil {
@@ -358,6 +373,19 @@ func (c *Comm) enter(ctx context.Context, g dist.Group, cl call) (*session, erro
 		return nil, s.errorf(culprits, fmt.Errorf("%w: %w", dist.ErrBroken, cause))
 	}
 	gs.next[s.idx]++
+	gs.mu.Unlock()
+	if stage != nil && cl.err == nil {
+		stage(s, &cl)
+	}
+
+	// Arrive. An invalid call arrives too, so that the peers learn of it; the step
+	// completes on every rank either way.
+	gs.mu.Lock()
+	if gs.cause != nil {
+		cause, culprits := gs.cause, gs.culprits
+		gs.mu.Unlock()
+		return nil, s.errorf(culprits, cause)
+	}
 	o := gs.ops[s.step]
 	if o == nil {
 		o = &op{calls: make([]call, n), arrive: make(chan struct{})}
@@ -367,12 +395,8 @@ func (c *Comm) enter(ctx context.Context, g dist.Group, cl call) (*session, erro
 	o.calls[s.idx] = cl
 	o.arrived++
 	if o.arrived == n {
+		o.ready.Store(true)
 		close(o.arrive)
-	}
-	if cl.err != nil { // an invalid call arrives, so that the peers learn of it, and leaves
-		s.leaveLocked()
-		gs.mu.Unlock()
-		return nil, s.errorf(nil, cl.err)
 	}
 	complete := o.arrived == n
 	gs.mu.Unlock()
@@ -394,6 +418,9 @@ func (c *Comm) enter(ctx context.Context, g dist.Group, cl call) (*session, erro
 // the timeout passes.
 func (s *session) waitArrival(ctx context.Context) error {
 	w, gs, o := s.c.w, s.gs, s.o
+	if spin(&o.ready) {
+		return nil
+	}
 	timer := time.NewTimer(w.timeout)
 	defer timer.Stop()
 	var timedOut bool
@@ -437,6 +464,9 @@ func (s *session) waitArrival(ctx context.Context) error {
 // check verifies that every rank made a valid call and that all the calls agree. Every
 // rank sees the same calls, so every rank returns the same verdict.
 func (s *session) check() error {
+	if err := s.calls[s.idx].err; err != nil {
+		return s.errorf(nil, err)
+	}
 	for i := range s.calls {
 		if err := s.calls[i].err; err != nil {
 			r := s.g.Ranks[i]
@@ -473,11 +503,35 @@ func (s *session) barrier(k int) {
 	}
 	b.count++
 	if b.count == len(s.calls) {
+		b.ready.Store(true)
 		close(b.done)
 	}
 	done := b.done
 	gs.mu.Unlock()
-	<-done
+	if !spin(&b.ready) {
+		<-done
+	}
+}
+
+// spinFor is how long a waiting rank polls before it parks. Ranks usually arrive within
+// microseconds of each other, and waking a parked goroutine on another processor costs
+// more than that.
+const spinFor = 20 * time.Microsecond
+
+// spin polls flag for up to spinFor, yielding the processor between polls so that a rank
+// it waits for can run even when ranks outnumber processors. It reports whether flag was
+// set.
+func spin(flag *atomic.Bool) bool {
+	start := time.Now()
+	for {
+		if flag.Load() {
+			return true
+		}
+		if time.Since(start) > spinFor {
+			return false
+		}
+		runtime.Gosched()
+	}
 }
 
 // leave ends this rank's part in the collective.
