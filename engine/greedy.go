@@ -6,7 +6,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/tensor"
+	"github.com/loom-ml/loom/transform"
 )
 
 // Executable runs a compiled graph with inputs input_ids i32[B,S] and positions i32[B,S]
@@ -23,7 +26,8 @@ type GreedyResult struct {
 }
 
 // GreedyRecompute decodes maxNew tokens greedily by running the whole sequence again at
-// every step (no KV cache). Ties go to the lowest token id, as torch.argmax does.
+// every step (no KV cache is kept between steps). Ties go to the lowest token id, as
+// torch.argmax does. It is the reference the Engine is tested against.
 func GreedyRecompute(ctx context.Context, exe Executable, prompt []int, maxNew int) (*GreedyResult, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("empty prompt")
@@ -50,17 +54,26 @@ func GreedyRecompute(ctx context.Context, exe Executable, prompt []int, maxNew i
 	}
 }
 
-// lastLogits runs seq as one batch row and returns the logits of its last position.
+// lastLogits runs seq as one batch row and returns the logits of its last position. A
+// graph on the paged KV cache (one whose executable has a Graph method that shows the cache
+// inputs) runs the sequence as one prefill over a fresh cache, which is a recomputation too.
 func lastLogits(ctx context.Context, exe Executable, seq []int) ([]float32, error) {
 	ids := make([]int32, len(seq))
 	pos := make([]int32, len(seq))
 	for i, id := range seq {
 		ids[i], pos[i] = int32(id), int32(i)
 	}
-	outs, err := exe.Run(ctx, map[string]*tensor.Tensor{
+	in := map[string]*tensor.Tensor{
 		"input_ids": tensor.FromI32(ids, 1, len(seq)),
 		"positions": tensor.FromI32(pos, 1, len(seq)),
-	})
+	}
+	if gr, ok := exe.(interface{ Graph() *graph.Graph }); ok && gr.Graph().Input(transform.SlotMappingInput) != nil {
+		var err error
+		if in, err = recomputeInputs(gr.Graph(), seq); err != nil {
+			return nil, err
+		}
+	}
+	outs, err := exe.Run(ctx, in)
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +83,33 @@ func lastLogits(ctx context.Context, exe Executable, seq []int) ([]float32, erro
 	vocab := outs[0].Shape[2]
 	all := outs[0].Float32s()
 	return append([]float32(nil), all[(len(seq)-1)*vocab:len(seq)*vocab]...), nil
+}
+
+// recomputeInputs are the inputs of a graph on the paged KV cache that run seq as one
+// sequence from position 0 over a new cache just large enough.
+func recomputeInputs(g *graph.Graph, seq []int) (map[string]*tensor.Tensor, error) {
+	layout, err := CacheLayout(g)
+	if err != nil {
+		return nil, err
+	}
+	blocks := (len(seq) + layout.Cache.BlockSize - 1) / layout.Cache.BlockSize
+	alloc, err := kvcache.NewAllocator(blocks, layout.Cache.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := alloc.Reserve(0, len(seq)); err != nil {
+		return nil, err
+	}
+	cache, err := kvcache.NewCache(layout.Cache, blocks)
+	if err != nil {
+		return nil, err
+	}
+	in, err := stepInputs(alloc, []stepSeq{{seq: 0, tokens: seq, from: 0, n: len(seq)}})
+	if err != nil {
+		return nil, err
+	}
+	cache.Bind(in)
+	return in, nil
 }
 
 // Argmax returns the index of the largest value, the first one on ties.

@@ -18,7 +18,10 @@ import (
 type LoadOptions struct {
 	// ActivationDType is the dtype activations are computed in (f32 when unset).
 	ActivationDType tensor.DType
-	// Optimize runs the transform pipeline over the plain graph; otherwise the plain graph runs.
+	// Optimize runs the transform pipeline over the plain graph, with the paged KV cache
+	// (insert_cached_attention) turned on, so that the result runs in an Engine; otherwise
+	// the plain graph runs. --set transforms.insert_cached_attention.enabled=false keeps the
+	// optimized graph on whole sequences.
 	Optimize bool
 	// Transforms configures the pipeline: extra YAML files, --set overrides, dumps, checks.
 	Transforms transform.Flags
@@ -33,6 +36,9 @@ type Model struct {
 	Transforms []transform.Result
 	Program    *cpu.Program
 }
+
+// Ranks returns the model's ranks for NewRanks: one, the whole graph on the CPU.
+func (m *Model) Ranks() []Rank { return []Rank{{Graph: m.Graph, Exe: m.Program}} }
 
 // Load opens the checkpoint in dir, builds its graph and compiles it for the CPU.
 func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
@@ -52,7 +58,9 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	}
 	var results []transform.Result
 	if opts.Optimize {
-		g, results, err = Optimize(ctx, &opts.Transforms, m, g)
+		flags := opts.Transforms
+		flags.Sets = append([]string{"transforms." + transform.InsertCachedAttention.Name + ".enabled=true"}, flags.Sets...)
+		g, results, err = Optimize(ctx, &flags, m, g)
 		if err != nil {
 			m.Close()
 			return nil, err

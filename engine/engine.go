@@ -1,0 +1,569 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/sample"
+)
+
+// Errors of Submit. Each is wrapped with the request's details; test with errors.Is.
+var (
+	// ErrInvalidRequest: an empty prompt, a token id outside the vocabulary, MaxTokens < 1,
+	// a prompt plus MaxTokens beyond the model's context, or bad sampling parameters.
+	ErrInvalidRequest = errors.New("invalid request")
+	// ErrRequestTooLarge: the request needs more KV cache blocks than the whole cache has,
+	// so it could never run.
+	ErrRequestTooLarge = errors.New("request does not fit the KV cache")
+	// ErrKVCacheFull: with QueueOnFull off, the KV cache has no room for the prompt now.
+	ErrKVCacheFull = errors.New("KV cache full")
+	// ErrQueueFull: with QueueOnFull off, MaxQueue requests are already waiting.
+	ErrQueueFull = errors.New("request queue full")
+	// ErrClosed: the engine is shutting down or closed. Requests in flight when Close is
+	// called end with FinishError and this error.
+	ErrClosed = errors.New("engine closed")
+)
+
+// Options configure an Engine. Zero fields take the defaults noted.
+type Options struct {
+	// MaxBatch is the most sequences in one step (default 16).
+	MaxBatch int
+	// MaxTokensPerStep is the most tokens one step computes, decodes and prefill chunks
+	// together (default 512, at least MaxBatch). A prompt longer than what is left of it is
+	// prefilled in chunks over several steps.
+	MaxTokensPerStep int
+	// KVBlocks is the number of KV cache blocks. When 0 it comes from KVCacheBytes, the
+	// cache's memory budget per rank; when that is 0 too, the cache holds MaxBatch sequences
+	// of the model's whole context, but at most 1 GiB.
+	KVBlocks     int
+	KVCacheBytes int64
+	// BlockSize is the tokens per block. The cached graph fixes it (the block_size option of
+	// insert_cached_attention); 0 takes the graph's, another value must agree with it.
+	BlockSize int
+	// QueueOnFull chooses what Submit does when the engine is full. Off (the default): Submit
+	// fails with ErrKVCacheFull when the cache has no free blocks for the prompt (after the
+	// prompts already waiting) and with ErrQueueFull when MaxQueue requests wait. On: the
+	// request waits in the queue for memory, and Submit waits for room in the queue (until
+	// its context ends). A request that could never fit fails with ErrRequestTooLarge either way.
+	QueueOnFull bool
+	// MaxQueue is the most requests waiting to start (default 1024).
+	MaxQueue int
+	// Logger receives the engine's messages (default slog.Default()).
+	Logger *slog.Logger
+}
+
+const (
+	defaultMaxBatch      = 16
+	defaultTokensPerStep = 512
+	defaultMaxQueue      = 1024
+	defaultCacheBudget   = 1 << 30
+)
+
+// ModelInfo is what the engine needs to know of a model beyond its graphs.
+type ModelInfo struct {
+	Name string
+	// MaxPositions is the context length (max_position_embeddings); 0 means no limit.
+	MaxPositions int
+	// EOSTokenIDs end generation unless a request sets IgnoreEOS.
+	EOSTokenIDs []int
+}
+
+// Engine generates tokens for many requests at once with continuous batching over a paged
+// KV cache. One goroutine runs the steps: at each step it drops cancelled requests, gathers
+// one token of every running sequence that is decoding, chunks of the prompts being
+// prefilled and new requests while MaxBatch and MaxTokensPerStep allow, runs every rank on
+// the flattened tokens, samples the next token of each sequence whose prompt is complete,
+// and sends the events. When the cache runs out of blocks during a step, the most recently
+// started sequences are preempted: their blocks are freed and they go back to the front of
+// the queue, to be recomputed (their tokens so far become their prompt; the output does not
+// change).
+//
+// Engine's methods are safe for concurrent use.
+type Engine struct {
+	opts   Options
+	log    *slog.Logger
+	info   ModelInfo
+	layout Layout
+	ranks  *rankSet
+	alloc  *kvcache.Allocator
+
+	mu       sync.Mutex
+	waiting  []*sequence // FIFO; preempted sequences go back to the front
+	running  []*sequence // in the order they started
+	closing  bool        // no new requests (Shutdown or Close)
+	abort    bool        // end every request now (Close, or Shutdown's deadline)
+	space    chan struct{}
+	nextID   uint64
+	counters Stats
+
+	wake     chan struct{} // capacity 1: something changed for the loop
+	done     chan struct{} // closed when the loop has exited
+	loopCtx  context.Context
+	stopLoop context.CancelFunc
+	steps    atomic.Int64
+}
+
+// sequence is one request in the engine.
+type sequence struct {
+	id        kvcache.SeqID
+	req       Request
+	ctx       context.Context
+	stopWatch func() bool // stops waking the loop on ctx's end
+	stream    *Stream
+	sampler   *sample.Sampler
+	stop      map[int]bool
+	tokens    []int // prompt, then generated tokens
+	promptLen int
+	computed  int // tokens whose keys and values are in the cache
+	started   bool
+}
+
+func (s *sequence) generated() int { return len(s.tokens) - s.promptLen }
+
+// New starts an engine on a loaded model (see Load; the model must have gone through the
+// optimizer so that its graph runs on the paged KV cache). It allocates the KV cache once
+// and starts the step loop; Close or Shutdown stop it.
+func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
+	if m == nil || m.Model == nil {
+		return nil, errors.New("engine: no model")
+	}
+	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
+	return NewRanks(ctx, m.Ranks(), info, opts)
+}
+
+// NewRanks starts an engine on the ranks of a deployment (one rank on one device). Every
+// rank's graph must run on the paged KV cache with the same block size; rank 0's logits are
+// the ones sampled.
+func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (*Engine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if len(ranks) == 0 {
+		return nil, errors.New("engine: no ranks")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	var layouts []Layout
+	for r, rank := range ranks {
+		if rank.Exe == nil {
+			return nil, fmt.Errorf("engine: rank %d has no executable", r)
+		}
+		l, err := CacheLayout(rank.Graph)
+		if err != nil {
+			return nil, fmt.Errorf("engine: rank %d: %w", r, err)
+		}
+		if r > 0 && (l.Cache.BlockSize != layouts[0].Cache.BlockSize || l.Vocab != layouts[0].Vocab) {
+			return nil, fmt.Errorf("engine: rank %d has block size %d and vocabulary %d, rank 0 %d and %d",
+				r, l.Cache.BlockSize, l.Vocab, layouts[0].Cache.BlockSize, layouts[0].Vocab)
+		}
+		layouts = append(layouts, l)
+	}
+	layout := layouts[0]
+	bs := layout.Cache.BlockSize
+	if opts.BlockSize != 0 && opts.BlockSize != bs {
+		return nil, fmt.Errorf("engine: BlockSize %d, but the graph's caches have blocks of %d tokens "+
+			"(set transforms.insert_cached_attention.block_size=%d when loading)", opts.BlockSize, bs, opts.BlockSize)
+	}
+	opts.BlockSize = bs
+	// Blocks: from the option, else from the budget of the rank that needs most per block.
+	var blockBytes int64
+	for _, l := range layouts {
+		blockBytes = max(blockBytes, l.Cache.BlockBytes())
+	}
+	blocks := opts.KVBlocks
+	if blocks == 0 {
+		budget := opts.KVCacheBytes
+		if budget == 0 {
+			ctxLen := info.MaxPositions
+			if ctxLen <= 0 {
+				ctxLen = 4096
+			}
+			want := int64(opts.MaxBatch) * int64((ctxLen+bs-1)/bs) * blockBytes
+			budget = min(want, defaultCacheBudget)
+		}
+		blocks = kvcache.NumBlocks(budget, blockBytes)
+		if blocks < 1 {
+			return nil, fmt.Errorf("engine: a KV cache budget of %d bytes holds no block (one block is %d bytes)", budget, blockBytes)
+		}
+	}
+	alloc, err := kvcache.NewAllocator(blocks, bs)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	rs := &rankSet{ranks: ranks}
+	for r, l := range layouts {
+		c, err := kvcache.NewCache(l.Cache, blocks)
+		if err != nil {
+			return nil, fmt.Errorf("engine: rank %d: %w", r, err)
+		}
+		rs.caches = append(rs.caches, c)
+	}
+	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	e := &Engine{
+		opts: opts, log: opts.Logger, info: info, layout: layout, ranks: rs, alloc: alloc,
+		space: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{}),
+		loopCtx: loopCtx, stopLoop: stop,
+	}
+	e.log.Info("engine started", "model", info.Name, "ranks", len(ranks), "kv_blocks", blocks, "block_size", bs,
+		"kv_bytes_per_rank", int64(blocks)*blockBytes, "max_batch", opts.MaxBatch, "max_tokens_per_step", opts.MaxTokensPerStep)
+	go e.loop()
+	return e, nil
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.MaxBatch == 0 {
+		o.MaxBatch = defaultMaxBatch
+	}
+	if o.MaxTokensPerStep == 0 {
+		o.MaxTokensPerStep = max(defaultTokensPerStep, o.MaxBatch)
+	}
+	if o.MaxQueue == 0 {
+		o.MaxQueue = defaultMaxQueue
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	switch {
+	case o.MaxBatch < 1:
+		return o, fmt.Errorf("MaxBatch must be >= 1, got %d", o.MaxBatch)
+	case o.MaxTokensPerStep < o.MaxBatch:
+		return o, fmt.Errorf("MaxTokensPerStep (%d) must be at least MaxBatch (%d), so that every running sequence can decode at each step", o.MaxTokensPerStep, o.MaxBatch)
+	case o.KVBlocks < 0 || o.KVCacheBytes < 0 || o.BlockSize < 0:
+		return o, fmt.Errorf("KVBlocks, KVCacheBytes and BlockSize must not be negative")
+	case o.MaxQueue < 1:
+		return o, fmt.Errorf("MaxQueue must be >= 1, got %d", o.MaxQueue)
+	}
+	return o, nil
+}
+
+// Options returns the engine's options, defaults filled in.
+func (e *Engine) Options() Options { return e.opts }
+
+// Submit validates a request and queues it. The returned Stream delivers its events. The
+// request lives as long as ctx: when ctx ends, the request is removed at the next step, its
+// blocks are freed and its stream ends with FinishCancelled. Errors wrap ErrInvalidRequest,
+// ErrRequestTooLarge, ErrKVCacheFull, ErrQueueFull or ErrClosed (see Options.QueueOnFull).
+func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	if err := e.validate(&req); err != nil {
+		return nil, err
+	}
+	// The last generated token's keys and values are never computed.
+	need := e.alloc.BlocksFor(len(req.Prompt) + req.MaxTokens - 1)
+	if need > e.alloc.NumBlocks() {
+		return nil, fmt.Errorf("submit %s: %w: %d prompt + %d new tokens need %d blocks of %d tokens, the cache has %d (raise KVCacheBytes or KVBlocks)",
+			reqName(req), ErrRequestTooLarge, len(req.Prompt), req.MaxTokens, need, e.alloc.BlockSize(), e.alloc.NumBlocks())
+	}
+	sampler, err := sample.New(req.Sampling, req.Prompt)
+	if err != nil {
+		return nil, fmt.Errorf("submit %s: %w: %w", reqName(req), ErrInvalidRequest, err)
+	}
+	stop := map[int]bool{}
+	for _, id := range req.StopTokenIDs {
+		stop[id] = true
+	}
+	if !req.IgnoreEOS {
+		for _, id := range e.info.EOSTokenIDs {
+			stop[id] = true
+		}
+	}
+
+	e.mu.Lock()
+	for {
+		if e.closing {
+			e.mu.Unlock()
+			return nil, fmt.Errorf("submit %s: %w", reqName(req), ErrClosed)
+		}
+		if len(e.waiting) < e.opts.MaxQueue {
+			break
+		}
+		if !e.opts.QueueOnFull {
+			n := len(e.waiting)
+			e.mu.Unlock()
+			return nil, fmt.Errorf("submit %s: %w: %d requests are waiting", reqName(req), ErrQueueFull, n)
+		}
+		space := e.space
+		e.mu.Unlock()
+		select {
+		case <-space:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("submit %s: waiting for room in the queue: %w", reqName(req), ctx.Err())
+		case <-e.done:
+			return nil, fmt.Errorf("submit %s: %w", reqName(req), ErrClosed)
+		}
+		e.mu.Lock()
+	}
+	if !e.opts.QueueOnFull {
+		pending := 0
+		for _, w := range e.waiting {
+			pending += e.alloc.BlocksFor(len(w.tokens))
+		}
+		if free := e.alloc.Stats().Free - pending; e.alloc.BlocksFor(len(req.Prompt)) > free {
+			err := fmt.Errorf("submit %s: %w: the prompt needs %d blocks, %d are free after the %d waiting requests",
+				reqName(req), ErrKVCacheFull, e.alloc.BlocksFor(len(req.Prompt)), max(free, 0), len(e.waiting))
+			e.mu.Unlock()
+			return nil, err
+		}
+	}
+	e.nextID++
+	if req.ID == "" {
+		req.ID = "req-" + strconv.FormatUint(e.nextID, 10)
+	}
+	req.Prompt = slices.Clone(req.Prompt)
+	s := &sequence{
+		id: kvcache.SeqID(e.nextID), req: req, ctx: ctx, stream: newStream(req.ID), sampler: sampler, stop: stop,
+		tokens: slices.Clone(req.Prompt), promptLen: len(req.Prompt),
+	}
+	s.stopWatch = context.AfterFunc(ctx, e.signal)
+	e.waiting = append(e.waiting, s)
+	e.mu.Unlock()
+	e.signal()
+	return s.stream, nil
+}
+
+func reqName(r Request) string {
+	if r.ID == "" {
+		return "request"
+	}
+	return "request " + r.ID
+}
+
+// validate checks a request against the model.
+func (e *Engine) validate(r *Request) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("submit %s: %w: %s", reqName(*r), ErrInvalidRequest, fmt.Sprintf(format, args...))
+	}
+	if len(r.Prompt) == 0 {
+		return bad("empty prompt")
+	}
+	if r.MaxTokens < 1 {
+		return bad("max_tokens must be >= 1, got %d", r.MaxTokens)
+	}
+	if mp := e.info.MaxPositions; mp > 0 && len(r.Prompt)+r.MaxTokens > mp {
+		return bad("%d prompt tokens + max_tokens %d exceed the model's context of %d tokens", len(r.Prompt), r.MaxTokens, mp)
+	}
+	for i, id := range r.Prompt {
+		if id < 0 || id >= e.layout.Vocab {
+			return bad("prompt token %d is %d, outside the vocabulary [0, %d)", i, id, e.layout.Vocab)
+		}
+	}
+	for _, id := range r.StopTokenIDs {
+		if id < 0 || id >= e.layout.Vocab {
+			return bad("stop token id %d is outside the vocabulary [0, %d)", id, e.layout.Vocab)
+		}
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+// Stats returns a snapshot of the engine's state.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	st := e.counters
+	st.Running, st.Waiting = len(e.running), len(e.waiting)
+	e.mu.Unlock()
+	a := e.alloc.Stats()
+	st.KVBlocksUsed, st.KVBlocks, st.BlockSize = a.Used, a.Blocks, e.alloc.BlockSize()
+	st.StepsTotal = e.steps.Load()
+	return st
+}
+
+// Shutdown stops accepting requests and waits until every request in flight (running or
+// waiting) has finished, or until ctx ends; then it ends the remaining requests with
+// ErrClosed, stops the engine and returns ctx's error.
+func (e *Engine) Shutdown(ctx context.Context) error {
+	e.mu.Lock()
+	e.closing = true
+	e.mu.Unlock()
+	e.signal()
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+		e.Close()
+		return fmt.Errorf("engine shutdown: %w", ctx.Err())
+	}
+}
+
+// Close stops the engine now: requests in flight end with FinishError and ErrClosed, and
+// Close returns once the step loop has exited. Calling it again does nothing.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	e.closing, e.abort = true, true
+	e.mu.Unlock()
+	e.stopLoop()
+	e.signal()
+	<-e.done
+	return nil
+}
+
+// signal wakes the step loop.
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop is the step loop: schedule, run, repeat; wait when there is nothing to do.
+func (e *Engine) loop() {
+	defer close(e.done)
+	defer e.stopLoop()
+	for {
+		plan, exit := e.schedule()
+		if exit {
+			e.log.Info("engine stopped", "model", e.info.Name, "steps", e.steps.Load())
+			return
+		}
+		if len(plan) == 0 {
+			<-e.wake
+			continue
+		}
+		e.step(plan)
+	}
+}
+
+// step runs one planned step and delivers its results.
+func (e *Engine) step(plan []stepSeq) {
+	start := time.Now()
+	seqs := make([]*sequence, len(plan))
+	e.mu.Lock()
+	for i, p := range plan {
+		seqs[i] = e.byID(p.seq)
+	}
+	e.mu.Unlock()
+	logits, err := e.runStep(plan)
+	e.steps.Add(1)
+	type result struct {
+		s   *sequence
+		ev  Event
+		end FinishReason
+	}
+	var results []result
+	tokens, sampled := 0, 0
+	row := 0
+	for i, p := range plan {
+		s := seqs[i]
+		row += p.n
+		tokens += p.n
+		if err != nil {
+			results = append(results, result{s, Event{Finish: FinishError, Err: fmt.Errorf("step: %w", err)}, FinishError})
+			continue
+		}
+		s.computed = p.from + p.n
+		if s.computed < len(s.tokens) {
+			continue // a prefill chunk; the prompt goes on at a later step
+		}
+		V := e.layout.Vocab
+		r, serr := s.sampler.Sample(logits[(row-1)*V : row*V])
+		if serr != nil {
+			results = append(results, result{s, Event{Finish: FinishError, Err: fmt.Errorf("sample: %w", serr)}, FinishError})
+			continue
+		}
+		sampled++
+		s.tokens = append(s.tokens, r.Token)
+		ev := Event{Token: r.Token, TopLogprobs: r.TopLogprobs, PromptTokens: s.promptLen, GeneratedTokens: s.generated()}
+		if s.req.Sampling.Logprobs || s.req.Sampling.TopLogprobs > 0 {
+			ev.Logprob = r.Logprob
+		}
+		switch {
+		case s.stop[r.Token]:
+			ev.Finish = FinishStop
+		case s.generated() >= s.req.MaxTokens:
+			ev.Finish = FinishLength
+		}
+		results = append(results, result{s, ev, ev.Finish})
+	}
+	e.mu.Lock()
+	for _, r := range results {
+		if r.s.ctx.Err() != nil && r.end == FinishNone {
+			continue // cancelled meanwhile: the next schedule ends it without this token
+		}
+		if r.end == FinishNone {
+			r.s.stream.push(r.ev)
+			e.counters.GeneratedTokensTotal++
+			continue
+		}
+		if r.end != FinishError {
+			e.counters.GeneratedTokensTotal++
+		}
+		r.ev.PromptTokens, r.ev.GeneratedTokens = r.s.promptLen, r.s.generated()
+		e.finishLocked(r.s, r.ev)
+	}
+	e.mu.Unlock()
+	e.log.Debug("engine step", "sequences", len(plan), "tokens", tokens, "sampled", sampled,
+		"kv_blocks_used", e.alloc.Stats().Used, "elapsed", time.Since(start), "error", err)
+}
+
+// runStep builds the step's inputs and runs every rank; it returns rank 0's logits, flat
+// [S*vocab]. Only the last row of each sequence is read: computing the LM head for those rows
+// alone would need a gather before the final norm in the graph (not done yet).
+func (e *Engine) runStep(plan []stepSeq) ([]float32, error) {
+	in, err := stepInputs(e.alloc, plan)
+	if err != nil {
+		return nil, err
+	}
+	out, err := e.ranks.run(e.loopCtx, in)
+	if err != nil {
+		if e.loopCtx.Err() != nil {
+			return nil, ErrClosed
+		}
+		return nil, err
+	}
+	S := in["input_ids"].Shape[1]
+	if out.Shape[0] != 1 || out.Shape[1] != S || out.Shape[2] != e.layout.Vocab {
+		return nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, S, e.layout.Vocab)
+	}
+	return out.F32, nil
+}
+
+// byID finds a running sequence; the caller holds e.mu.
+func (e *Engine) byID(id kvcache.SeqID) *sequence {
+	for _, s := range e.running {
+		if s.id == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// finishLocked ends a sequence: it sends the final event, frees its blocks and removes it
+// from the queues. The caller holds e.mu.
+func (e *Engine) finishLocked(s *sequence, ev Event) {
+	s.stream.push(ev)
+	s.stopWatch()
+	e.alloc.Free(s.id)
+	e.running = slices.DeleteFunc(e.running, func(x *sequence) bool { return x == s })
+	if n := len(e.waiting); n > 0 {
+		e.waiting = slices.DeleteFunc(e.waiting, func(x *sequence) bool { return x == s })
+		if len(e.waiting) < n {
+			e.queueShrankLocked()
+		}
+	}
+	level := slog.LevelDebug
+	if ev.Finish == FinishError {
+		level = slog.LevelWarn
+	}
+	e.log.Log(context.Background(), level, "request finished", "id", s.req.ID, "finish", string(ev.Finish),
+		"prompt_tokens", s.promptLen, "generated_tokens", s.generated(), "error", ev.Err)
+}
+
+// queueShrankLocked tells Submit calls waiting for room in the queue to look again.
+func (e *Engine) queueShrankLocked() {
+	close(e.space)
+	e.space = make(chan struct{})
+}
