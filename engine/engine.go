@@ -65,6 +65,7 @@ const (
 	defaultTokensPerStep = 512
 	defaultMaxQueue      = 1024
 	defaultCacheBudget   = 1 << 30
+	idlePoll             = time.Second
 )
 
 // ModelInfo is what the engine needs to know of a model beyond its graphs.
@@ -430,7 +431,12 @@ func (e *Engine) loop() {
 			return
 		}
 		if len(plan) == 0 {
-			<-e.wake
+			// Idle. Submit, a cancellation and Close all wake the loop; the timer only
+			// guards against a state the scheduler cannot make progress from.
+			select {
+			case <-e.wake:
+			case <-time.After(idlePoll):
+			}
 			continue
 		}
 		e.step(plan)
