@@ -31,7 +31,10 @@ import (
 )
 
 // Executable runs a compiled graph with inputs input_ids i32[B,S] and positions i32[B,S]
-// and returns the logits f32[B,S,vocab] first among its outputs.
+// and returns the logits f32[B,S,vocab] first among its outputs. A graph on the paged KV
+// cache (after insert_cached_attention) also takes slot_mapping, token_seq, block_tables and
+// the kv_cache.<layer>.k/.v tensors, and runs with B = 1; see CacheLayout and stepInputs.
+// cpu.Program implements it.
 type Executable interface {
 	Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error)
 }
