@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -131,7 +132,7 @@ func (s *sequence) generated() int { return len(s.tokens) - s.promptLen }
 
 // New starts an engine on a loaded model (see Load; the model must have gone through the
 // optimizer so that its graph runs on the paged KV cache). It allocates the KV cache once
-// and starts the step loop; Close or Shutdown stop it.
+// and starts the step loop; Close or Shutdown stop it. ctx bounds the setup only.
 func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
 	if m == nil || m.Model == nil {
 		return nil, errors.New("engine: no model")
@@ -497,7 +498,8 @@ func (e *Engine) step(plan []stepSeq) {
 	e.mu.Lock()
 	for _, r := range results {
 		if r.s.ctx.Err() != nil && r.end == FinishNone {
-			continue // cancelled meanwhile: the next schedule ends it without this token
+			r.s.tokens = r.s.tokens[:len(r.s.tokens)-1] // cancelled meanwhile: the next schedule ends it without this token
+			continue
 		}
 		if r.end == FinishNone {
 			r.s.stream.push(r.ev)
@@ -518,7 +520,12 @@ func (e *Engine) step(plan []stepSeq) {
 // runStep builds the step's inputs and runs every rank; it returns rank 0's logits, flat
 // [S*vocab]. Only the last row of each sequence is read: computing the LM head for those rows
 // alone would need a gather before the final norm in the graph (not done yet).
-func (e *Engine) runStep(plan []stepSeq) ([]float32, error) {
+func (e *Engine) runStep(plan []stepSeq) (logits []float32, err error) {
+	defer func() {
+		if p := recover(); p != nil { // a kernel bug must not take the engine down
+			logits, err = nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
+		}
+	}()
 	in, err := stepInputs(e.alloc, plan)
 	if err != nil {
 		return nil, err

@@ -11,11 +11,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/sample"
+	"github.com/loom-ml/loom/tensor"
 	"github.com/loom-ml/loom/transform"
 )
 
@@ -538,5 +540,47 @@ func TestOptions(t *testing.T) {
 	e := newEngine(t, "tiny-llama", Options{})
 	if st := e.Stats(); st.KVBlocks != 16*16 || st.BlockSize != 16 {
 		t.Errorf("default cache: %+v", st)
+	}
+}
+
+// flakyExe fails (or panics) while told to, and otherwise runs the real executable.
+type flakyExe struct {
+	Executable
+	mode atomic.Int32 // 0 run, 1 fail, 2 panic
+}
+
+func (f *flakyExe) Run(ctx context.Context, in map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	switch f.mode.Load() {
+	case 1:
+		return nil, errors.New("device on fire")
+	case 2:
+		panic("kernel bug")
+	}
+	return f.Executable.Run(ctx, in)
+}
+
+// TestStepError: a step that fails (or panics) ends the requests in it with FinishError and
+// frees their blocks; the engine goes on serving.
+func TestStepError(t *testing.T) {
+	m := cachedModel(t, "tiny-llama")
+	exe := &flakyExe{Executable: m.Program}
+	e, err := NewRanks(context.Background(), []Rank{{Graph: m.Graph, Exe: exe}}, ModelInfo{MaxPositions: 256}, Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for mode, want := range map[int32]string{1: "device on fire", 2: "panic in step: kernel bug"} {
+		exe.mode.Store(mode)
+		_, last := generate(t, e, Request{Prompt: []int{1, 2, 3}, MaxTokens: 4})
+		if last.Finish != FinishError || last.Err == nil || !strings.Contains(last.Err.Error(), want) {
+			t.Errorf("mode %d: last event %+v, want an error containing %q", mode, last, want)
+		}
+		exe.mode.Store(0)
+		if toks, last := generate(t, e, Request{Prompt: []int{1, 2, 3}, MaxTokens: 4, IgnoreEOS: true}); len(toks) != 4 {
+			t.Errorf("after the failure: %v, %+v", toks, last)
+		}
+		if st := e.Stats(); st.KVBlocksUsed != 0 {
+			t.Errorf("%d blocks in use after the failure", st.KVBlocksUsed)
+		}
 	}
 }
