@@ -1,0 +1,219 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/sample"
+	"github.com/loom-ml/loom/tokenizer"
+)
+
+// errClientGone ends a request whose client went away (or whose context ended).
+var errClientGone = errors.New("client disconnected")
+
+// genToken is a generated token with its log-probabilities, when they were asked for.
+type genToken struct {
+	id      int
+	logprob float32
+	top     []sample.TokenLogprob
+}
+
+// piece is a part of a completion's text and the tokens whose text starts in it.
+type piece struct {
+	text   string
+	tokens []genToken
+}
+
+// result sums up a finished generation.
+type result struct {
+	finish                         string // "stop" or "length"
+	promptTokens, completionTokens int
+}
+
+// generation is a request admitted to the engine, ready to be read.
+type generation struct {
+	s       *Server
+	g       *genRequest
+	start   time.Time
+	stream  Stream
+	cancel  context.CancelFunc
+	ctx     context.Context
+	release func()
+}
+
+// admit takes a slot among the requests the server lets into the engine at once. When all
+// are taken it answers 429, or waits when the server queues (up to MaxQueue waiting).
+func (s *Server) admit(ctx context.Context) (release func(), err error) {
+	if s.slots == nil {
+		return func() {}, nil
+	}
+	rel := func() { <-s.slots }
+	select {
+	case s.slots <- struct{}{}:
+		return rel, nil
+	default:
+	}
+	if !s.cfg.QueueWhenFull {
+		return nil, overloaded("the server is at its limit of %d concurrent requests; retry later", s.cfg.MaxConcurrent)
+	}
+	if n := s.metrics.queued.Add(1); s.cfg.MaxQueue > 0 && n > int64(s.cfg.MaxQueue) {
+		s.metrics.queued.Add(-1)
+		return nil, overloaded("the server's queue is full (%d requests waiting); retry later", s.cfg.MaxQueue)
+	}
+	defer s.metrics.queued.Add(-1)
+	select {
+	case s.slots <- struct{}{}:
+		return rel, nil
+	case <-ctx.Done():
+		return nil, errClientGone
+	}
+}
+
+func overloaded(format string, args ...any) *APIError {
+	return &APIError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Message: fmt.Sprintf(format, args...)}
+}
+
+// begin admits g and submits it to the engine. The caller must call finish on the result.
+func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRequest) (*generation, error) {
+	if s.closing.Load() {
+		return nil, &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"}
+	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	st, err := s.eng.Submit(ctx, engine.Request{
+		ID:           id,
+		Prompt:       g.prompt,
+		MaxTokens:    g.maxTokens,
+		Sampling:     g.sampling,
+		StopTokenIDs: g.stopTokenIDs,
+		IgnoreEOS:    g.ignoreEOS,
+	})
+	if err != nil {
+		cancel()
+		release()
+		if ctx.Err() != nil {
+			return nil, errClientGone
+		}
+		return nil, fmt.Errorf("submit request %s: %w", id, err)
+	}
+	s.metrics.inFlight.Inc()
+	s.metrics.promptTokens.Add(float64(len(g.prompt)))
+	return &generation{s: s, g: g, start: start, stream: st, cancel: cancel, ctx: ctx, release: release}, nil
+}
+
+// run reads the engine's events, detokenizes them incrementally, cuts the text at the first
+// stop string (cancelling the engine request there) and hands the text to emit piece by
+// piece. A failing emit (the client is gone) cancels the request.
+func (gen *generation) run(emit func(piece) error) (res result, err error) {
+	s, g := gen.s, gen.g
+	defer func() {
+		gen.cancel()
+		gen.release()
+		s.metrics.inFlight.Dec()
+		reason := res.finish
+		switch {
+		case errors.Is(err, errClientGone):
+			reason = string(engine.FinishCancelled)
+		case err != nil:
+			reason = string(engine.FinishError)
+		default:
+			s.metrics.e2e.Observe(time.Since(gen.start).Seconds())
+		}
+		s.metrics.finished.WithLabelValues(reason).Inc()
+	}()
+	res.promptTokens = len(g.prompt)
+	var opts []tokenizer.StreamOption
+	if g.skipSpecial {
+		opts = append(opts, tokenizer.SkipSpecialTokens())
+	}
+	dec := s.cfg.Tokenizer.NewStream(opts...)
+	stops := stopMatcher{stops: g.stop}
+	var (
+		held []genToken // tokens whose text has not been emitted yet
+		last time.Time
+	)
+	// send emits text with the tokens held so far; tokens whose text is still held back
+	// wait for it, unless this is the last piece.
+	send := func(text string, final bool) error {
+		if text == "" && (!final || len(held) == 0) {
+			return nil
+		}
+		p := piece{text: text, tokens: held}
+		held = nil
+		if err := emit(p); err != nil {
+			return fmt.Errorf("%w: %v", errClientGone, err)
+		}
+		return nil
+	}
+	for {
+		ev, err := gen.stream.Recv(gen.ctx)
+		if err != nil {
+			if gen.ctx.Err() != nil {
+				return res, errClientGone
+			}
+			return res, fmt.Errorf("receive: %w", err)
+		}
+		switch ev.Finish {
+		case engine.FinishCancelled:
+			return res, errClientGone
+		case engine.FinishError:
+			if ev.Err == nil {
+				ev.Err = errors.New("engine failed")
+			}
+			return res, fmt.Errorf("generate: %w", ev.Err)
+		}
+		now := time.Now()
+		if last.IsZero() {
+			s.metrics.ttft.Observe(now.Sub(gen.start).Seconds())
+		} else {
+			s.metrics.itl.Observe(now.Sub(last).Seconds())
+		}
+		last = now
+		res.completionTokens++
+		s.metrics.genTokens.Inc()
+		if ev.Finish != engine.FinishStop {
+			// A stop token ends generation; its text is not part of the completion.
+			if g.sampling.Logprobs {
+				held = append(held, genToken{id: ev.Token, logprob: ev.Logprob, top: ev.TopLogprobs})
+			}
+			text, err := dec.Next(ev.Token)
+			if err != nil {
+				s.log.Debug("detokenize", "token", ev.Token, "err", err)
+			}
+			out, stopped := stops.push(text)
+			if stopped {
+				res.finish = "stop"
+				gen.cancel()
+				return res, send(out, true)
+			}
+			if err := send(out, false); err != nil {
+				return res, err
+			}
+		}
+		if ev.Finish == engine.FinishNone {
+			continue
+		}
+		out, stopped := stops.push(dec.Flush())
+		if !stopped {
+			out += stops.flush()
+		}
+		res.finish = "stop"
+		if ev.Finish == engine.FinishLength && !stopped {
+			res.finish = "length"
+		}
+		return res, send(out, true)
+	}
+}
+
+// abort cancels a generation that will not be read and releases what it holds.
+func (gen *generation) abort() {
+	gen.cancel()
+	_, _ = gen.run(func(piece) error { return errClientGone })
+}
