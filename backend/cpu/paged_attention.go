@@ -153,8 +153,8 @@ func (a *pagedArgs) write() {
 		for g := range a.KV {
 			src := (g*a.S + t) * a.D // k[0,g,t,:]
 			dst := (int(a.slots[t])*a.KV + g) * a.D
-			storeF32(a.kc, dst, ks[src:src+a.D])
-			storeF32(a.vc, dst, vs[src:src+a.D])
+			pagedStore(a.kc, dst, ks[src:src+a.D])
+			pagedStore(a.vc, dst, vs[src:src+a.D])
 		}
 	}
 }
@@ -192,8 +192,8 @@ func (a *pagedArgs) attend(o Out) *tensor.Tensor {
 				p := lo + int64(j)
 				slot := int(row[p/int64(a.BS)])*a.BS + int(p%int64(a.BS))
 				off := (slot*a.KV + g) * a.D
-				loadF32(keys[j*a.D:(j+1)*a.D], a.kc, off)
-				loadF32(vals[j*a.D:(j+1)*a.D], a.vc, off)
+				pagedLoad(keys[j*a.D:(j+1)*a.D], a.kc, off)
+				pagedLoad(vals[j*a.D:(j+1)*a.D], a.vc, off)
 			}
 			for h := g * rep; h < (g+1)*rep; h++ {
 				qr := qs[(h*a.S+t)*a.D : (h*a.S+t+1)*a.D]
@@ -216,7 +216,7 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 		for d, x := range q {
 			s += x * kr[d]
 		}
-		s = roundTo32(sdt, s) * scale
+		s = pagedRound(sdt, s) * scale
 		scores[j] = s
 		m = max(m, float64(s))
 	}
@@ -227,7 +227,7 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 	}
 	clear(acc)
 	for j := range scores {
-		p := roundTo32(pdt, float32(e[j]/sum))
+		p := pagedRound(pdt, float32(e[j]/sum))
 		vr := vals[j*D : (j+1)*D]
 		for d := range acc {
 			acc[d] += p * vr[d]
@@ -235,8 +235,8 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 	}
 }
 
-// roundTo32 rounds v to what dtype dt stores, as a float32.
-func roundTo32(dt tensor.DType, v float32) float32 {
+// pagedRound rounds v to what dtype dt stores, as a float32.
+func pagedRound(dt tensor.DType, v float32) float32 {
 	switch dt {
 	case tensor.BF16:
 		return tensor.BF16ToF32(tensor.F32ToBF16(v))
@@ -246,8 +246,8 @@ func roundTo32(dt tensor.DType, v float32) float32 {
 	return v
 }
 
-// storeF32 writes src into the float tensor t from flat offset off, rounding to t's dtype.
-func storeF32(t *tensor.Tensor, off int, src []float32) {
+// pagedStore writes src into the float tensor t from flat offset off, rounding to t's dtype.
+func pagedStore(t *tensor.Tensor, off int, src []float32) {
 	switch t.DType {
 	case tensor.F32:
 		copy(t.F32[off:off+len(src)], src)
@@ -262,8 +262,8 @@ func storeF32(t *tensor.Tensor, off int, src []float32) {
 	}
 }
 
-// loadF32 reads len(dst) elements of the float tensor t from flat offset off.
-func loadF32(dst []float32, t *tensor.Tensor, off int) {
+// pagedLoad reads len(dst) elements of the float tensor t from flat offset off.
+func pagedLoad(dst []float32, t *tensor.Tensor, off int) {
 	switch t.DType {
 	case tensor.F32:
 		copy(dst, t.F32[off:off+len(dst)])
