@@ -24,3 +24,19 @@ type Stream interface {
 	// Finish set; Recv after it returns an error.
 	Recv(ctx context.Context) (engine.Event, error)
 }
+
+// FromEngine adapts the runtime's *engine.Engine to Engine.
+func FromEngine(e *engine.Engine) Engine { return engineAdapter{e} }
+
+type engineAdapter struct{ e *engine.Engine }
+
+func (a engineAdapter) Submit(ctx context.Context, req engine.Request) (Stream, error) {
+	st, err := a.e.Submit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (a engineAdapter) Stats() engine.Stats                { return a.e.Stats() }
+func (a engineAdapter) Shutdown(ctx context.Context) error { return a.e.Shutdown(ctx) }

@@ -86,6 +86,7 @@ func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRe
 	if err != nil {
 		return nil, err
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	st, err := s.eng.Submit(ctx, engine.Request{
 		ID:           id,
@@ -98,10 +99,10 @@ func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRe
 	if err != nil {
 		cancel()
 		release()
-		if ctx.Err() != nil {
+		if parent.Err() != nil {
 			return nil, errClientGone
 		}
-		return nil, fmt.Errorf("submit request %s: %w", id, err)
+		return nil, submitError(err)
 	}
 	s.metrics.inFlight.Inc()
 	s.metrics.promptTokens.Add(float64(len(g.prompt)))
@@ -216,4 +217,20 @@ func (gen *generation) run(emit func(piece) error) (res result, err error) {
 func (gen *generation) abort() {
 	gen.cancel()
 	_, _ = gen.run(func(piece) error { return errClientGone })
+}
+
+// submitError answers the engine's refusals: invalid requests with 400, a full engine with
+// 429, a closing one with 503.
+func submitError(err error) error {
+	switch {
+	case errors.Is(err, engine.ErrInvalidRequest):
+		return badParam("", "%v", err)
+	case errors.Is(err, engine.ErrRequestTooLarge):
+		return badParam("max_tokens", "the request needs more KV cache than the server has; lower max_tokens or shorten the prompt (%v)", err)
+	case errors.Is(err, engine.ErrKVCacheFull), errors.Is(err, engine.ErrQueueFull):
+		return overloaded("the server is at capacity; retry later (%v)", err)
+	case errors.Is(err, engine.ErrClosed):
+		return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"}
+	}
+	return fmt.Errorf("submit: %w", err)
 }

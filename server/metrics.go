@@ -74,11 +74,13 @@ var (
 	descKVUse   = prometheus.NewDesc("loom_kv_cache_usage_ratio", "Fraction of the paged KV cache in use (0 to 1).", nil, nil)
 	descSteps   = prometheus.NewDesc("loom_engine_steps_total", "Engine steps run.", nil, nil)
 	descPreempt = prometheus.NewDesc("loom_engine_preemptions_total", "Requests preempted for lack of KV cache blocks.", nil, nil)
+	descEngGen  = prometheus.NewDesc("loom_engine_generated_tokens_total", "Tokens the engine generated (including those of requests cancelled later).", nil, nil)
+	descEngProm = prometheus.NewDesc("loom_engine_prompt_tokens_total", "Prompt tokens the engine computed (including recomputation after preemption).", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt} {
+	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descEngGen, descEngProm} {
 		ch <- d
 	}
 }
@@ -97,6 +99,8 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	constMetric(ch, descKVUse, prometheus.GaugeValue, use)
 	constMetric(ch, descSteps, prometheus.CounterValue, float64(st.StepsTotal))
 	constMetric(ch, descPreempt, prometheus.CounterValue, float64(st.PreemptionsTotal))
+	constMetric(ch, descEngGen, prometheus.CounterValue, float64(st.GeneratedTokensTotal))
+	constMetric(ch, descEngProm, prometheus.CounterValue, float64(st.PromptTokensTotal))
 }
 
 // countRequest records one answered HTTP request.

@@ -1,0 +1,273 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/loom-ml/loom/chattemplate"
+	"github.com/loom-ml/loom/engine"
+)
+
+// realEnv is a server in front of a real engine on a fixture checkpoint.
+type realEnv struct {
+	testEnv
+	engine *engine.Engine
+	ref    []refPrompt
+}
+
+type refPrompt struct {
+	IDs          []int `json:"ids"`
+	GreedyNewIDs []int `json:"greedy_new_ids"`
+}
+
+var (
+	loadMu sync.Mutex
+	loaded = map[string]*engine.Model{}
+)
+
+// loadModel loads a fixture once per test binary.
+func loadModel(t *testing.T, dir string) *engine.Model {
+	t.Helper()
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if m, ok := loaded[dir]; ok {
+		return m
+	}
+	m, err := engine.Load(context.Background(), filepath.Join("..", "testdata", dir), engine.LoadOptions{Optimize: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded[dir] = m
+	return m
+}
+
+func newRealEnv(t *testing.T, dir string, opts engine.Options) *realEnv {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("loads and runs a model")
+	}
+	m := loadModel(t, dir)
+	opts.Logger = slog.New(slog.DiscardHandler)
+	eng, err := engine.New(context.Background(), m, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	cfg, err := ModelConfig(m, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv, err := New(FromEngine(eng), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	data, err := os.ReadFile(filepath.Join("..", "testdata", dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Prompts []refPrompt `json:"prompts"`
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	env := &realEnv{
+		testEnv: testEnv{srv: srv, tok: cfg.Tokenizer, tmpl: cfg.ChatTemplate, base: base,
+			client: openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))},
+		engine: eng, ref: ref.Prompts,
+	}
+	return env
+}
+
+func ids64(ids []int) []int64 {
+	out := make([]int64, len(ids))
+	for i, id := range ids {
+		out[i] = int64(id)
+	}
+	return out
+}
+
+// TestEngineGreedy serves tiny-llama and checks that greedy completions, streamed or not,
+// are the text of the tokens the engine generates for the same request.
+func TestEngineGreedy(t *testing.T) {
+	env := newRealEnv(t, "tiny-llama", engine.Options{MaxBatch: 4, KVBlocks: 64})
+	for i, p := range env.ref {
+		n := min(len(p.GreedyNewIDs), 12)
+		es, err := env.engine.Submit(ctxT(t), engine.Request{Prompt: p.IDs, MaxTokens: n, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks, _, err := es.Collect(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := env.tok.Decode(toks, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params := openai.CompletionNewParams{
+			Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: ids64(p.IDs)},
+			MaxTokens: openai.Int(int64(n)), Temperature: openai.Float(0),
+		}
+		ignoreEOS := option.WithJSONSet("ignore_eos", true)
+		c, err := env.client.Completions.New(ctxT(t), params, ignoreEOS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Choices[0].Text != want || c.Usage.CompletionTokens != int64(n) || c.Usage.PromptTokens != int64(len(p.IDs)) {
+			t.Errorf("prompt %d: %q usage %+v, want %q (%d tokens)", i, c.Choices[0].Text, c.Usage, want, n)
+		}
+		params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		st := env.client.Completions.NewStreaming(ctxT(t), params, ignoreEOS)
+		text := ""
+		var u openai.CompletionUsage
+		for st.Next() {
+			ch := st.Current()
+			if len(ch.Choices) > 0 {
+				text += ch.Choices[0].Text
+			}
+			if ch.Usage.TotalTokens > 0 {
+				u = ch.Usage
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if text != want || u.CompletionTokens != int64(n) {
+			t.Errorf("prompt %d streamed: %q usage %+v, want %q", i, text, u, want)
+		}
+	}
+}
+
+// TestEngineChatUsage serves tiny-qwen2: prompt_tokens is the chat template's token count.
+func TestEngineChatUsage(t *testing.T) {
+	env := newRealEnv(t, "tiny-qwen2", engine.Options{MaxBatch: 4, KVBlocks: 64})
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("You are terse."), openai.UserMessage("Name a colour.")}
+	rendered, err := env.tmpl.Render([]chattemplate.Message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "Name a colour."}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := env.tok.Encode(rendered, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stream := range []bool{false, true} {
+		params := openai.ChatCompletionNewParams{Model: "tiny-qwen2", Messages: msgs, MaxTokens: openai.Int(6), Temperature: openai.Float(0)}
+		var u openai.CompletionUsage
+		if stream {
+			params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+			st := env.client.Chat.Completions.NewStreaming(ctxT(t), params)
+			var acc openai.ChatCompletionAccumulator
+			for st.Next() {
+				acc.AddChunk(st.Current())
+			}
+			if err := st.Err(); err != nil {
+				t.Fatal(err)
+			}
+			u = acc.Usage
+		} else {
+			c, err := env.client.Chat.Completions.New(ctxT(t), params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u = c.Usage
+		}
+		if u.PromptTokens != int64(len(ids)) || u.CompletionTokens < 1 || u.CompletionTokens > 6 {
+			t.Errorf("stream=%v: usage %+v, want %d prompt tokens", stream, u, len(ids))
+		}
+	}
+}
+
+// TestEngineDisconnectFreesKVBlocks cuts a streaming request and watches the engine's KV
+// blocks come back, through /metrics, before the request could have finished.
+func TestEngineDisconnectFreesKVBlocks(t *testing.T) {
+	env := newRealEnv(t, "tiny-llama", engine.Options{MaxBatch: 4, KVBlocks: 64})
+	const maxTokens = 240
+	ctx, cancel := context.WithCancel(ctxT(t))
+	st := env.client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+		Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{0, 56, 76}},
+		MaxTokens: openai.Int(maxTokens), Temperature: openai.Float(0),
+	}, option.WithJSONSet("ignore_eos", true))
+	if !st.Next() {
+		t.Fatalf("stream ended early: %v", st.Err())
+	}
+	inUse := env.metric(t, "loom_kv_cache_blocks_used")
+	cancel()
+	eventually(t, "the KV blocks to be freed", func() bool { return env.metric(t, "loom_kv_cache_blocks_used") == 0 })
+	eventually(t, "the engine to drop the request", func() bool { return env.engine.Stats().Running == 0 })
+	gen := env.engine.Stats().GeneratedTokensTotal
+	t.Logf("blocks in use while streaming: %g; tokens generated before the cancel took effect: %d of %d", inUse, gen, maxTokens)
+	if inUse == 0 && gen >= maxTokens {
+		t.Skip("the request finished before the client disconnected; nothing to check")
+	}
+	if gen >= maxTokens {
+		t.Errorf("the engine generated all %d tokens: the disconnect did not cancel the request", gen)
+	}
+	// The server goes on serving.
+	if _, err := env.client.Completions.New(ctxT(t), openai.CompletionNewParams{
+		Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A request larger than the whole KV cache is refused up front.
+	small := newRealEnv(t, "tiny-llama", engine.Options{MaxBatch: 2, KVBlocks: 2})
+	_, err := small.client.Completions.New(ctxT(t), openai.CompletionNewParams{
+		Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(200),
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "max_tokens" {
+		t.Errorf("request larger than the KV cache: got %v, want 400 naming max_tokens", err)
+	}
+}
+
+// TestEngineBadRequests checks the 400s that depend on the real model and that the server
+// keeps serving after them.
+func TestEngineBadRequests(t *testing.T) {
+	env := newRealEnv(t, "tiny-llama", engine.Options{MaxBatch: 4, KVBlocks: 64})
+	for _, tc := range []struct{ name, body, param string }{
+		{"context", `{"model": "tiny-llama", "prompt": "hi", "max_tokens": 300}`, "max_tokens"},
+		{"vocabulary", `{"model": "tiny-llama", "prompt": [1, 512]}`, "prompt"},
+		{"model", `{"model": "tiny-qwen2", "prompt": "hi"}`, "model"},
+	} {
+		_, err := env.client.Completions.New(ctxT(t), openai.CompletionNewParams{}, option.WithRequestBody("application/json", []byte(tc.body)))
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != tc.param {
+			t.Errorf("%s: got %v, want 400 naming %s", tc.name, err, tc.param)
+		}
+	}
+	if _, err := env.client.Completions.New(ctxT(t), openai.CompletionNewParams{
+		Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2),
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
