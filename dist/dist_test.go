@@ -278,7 +278,7 @@ func TestStrategy(t *testing.T) {
 			t.Errorf("ParseStrategy(%q) = %q, %v", tc.in, got, err)
 		}
 	}
-	c := Crossover{TwoShotFrom: map[int]int{2: 1000}, Default: 100}
+	c := Crossover{TwoShotFrom: map[int]int{2: 1000}, Scale: 1600}
 	for _, tc := range []struct {
 		bytes, n int
 		in, want string
@@ -296,6 +296,11 @@ func TestStrategy(t *testing.T) {
 	} {
 		if got := c.Strategy(tc.bytes, tc.n, tc.in); got != tc.want {
 			t.Errorf("Strategy(%d, %d, %q) = %q, want %q", tc.bytes, tc.n, tc.in, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ bytes, n int }{{16 << 10, 2}, {4 << 10, 4}, {1 << 10, 8}, {7281, 3}} {
+		if StrategyFor(tc.bytes-1, tc.n, "auto") != StrategyOneShot || StrategyFor(tc.bytes, tc.n, "auto") != StrategyTwoShot {
+			t.Errorf("local crossover for %d ranks is not at %d bytes", tc.n, tc.bytes)
 		}
 	}
 	// StrategyFor follows LocalCrossover around each crossover it lists.

@@ -288,6 +288,7 @@ func TestInvalidCall(t *testing.T) {
 			if de := asDistError(t, 0, errs[0]); !slices.Equal(de.Peers, []int{1}) {
 				t.Errorf("rank 0 blames %v", de.Peers)
 			}
+			noErrors(t, run(t, comms, func(c *Comm) error { return c.Barrier(ctx, worldGroup(2, c.Rank())) }))
 		})
 	}
 	// A group the caller is not in, or that does not fit the world, fails at once on that

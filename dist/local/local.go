@@ -20,12 +20,15 @@
 // A collective never hangs. A rank waits for its peers to arrive at most Options.Timeout
 // (and no longer than its context); then it fails with a *dist.Error that names the
 // collective, the group and the ranks that did not arrive (dist.ErrTimeout). A rank that
-// calls Abort, whose context ends while it waits, or that makes an invalid call fails its
-// peers' pending and later calls on every group that holds it (dist.ErrPeerFailed, naming
-// it). A group that failed this way stays broken (dist.ErrBroken); make a new world to go
-// on. Calls that disagree across the ranks of a group (collective, dtype, shape, axis, op,
-// root, strategy) fail on every rank with dist.ErrMismatch, move no data, and leave the
-// group usable.
+// calls Abort, or whose context ends while it waits, fails its peers' pending and later
+// calls on every group that holds it (dist.ErrPeerFailed, naming it). A group that failed
+// in these ways stays broken (dist.ErrBroken); make a new world to go on.
+//
+// Calls that are invalid on one rank (a dtype that does not reduce, an axis out of range)
+// fail that step on every rank of the group: the rank gets its own error, its peers
+// dist.ErrPeerFailed naming it. Calls that disagree across the ranks (collective, dtype,
+// shape, axis, op, root, strategy) fail on every rank with dist.ErrMismatch. Neither moves
+// any data, and the group stays usable.
 //
 // Once all the ranks of a group have arrived at a collective, it runs to completion: the
 // rest is bounded local work, and a rank must not return while peers still read its tensor.
@@ -36,12 +39,22 @@
 // # Algorithms
 //
 // all_reduce has two algorithms, chosen by Options.AllReduceStrategy or per call with
-// AllReduceStrategy. oneshot: every rank reduces all its peers' whole tensors into a scratch
-// buffer, waits until every peer is done reading, and copies the result in (two
-// synchronisations, each rank reads n times the message). twoshot: rank i reduces the i-th
-// of n chunks in place, then copies the other chunks from their owners (three
-// synchronisations, each rank reads about twice the message). auto applies
-// dist.StrategyFor, whose crossover was measured with BenchmarkAllReduce.
+// AllReduceStrategy; both fold in group order and give the same bits.
+//
+//   - oneshot: each rank copies its tensor to a staging buffer of its own, arrives, and
+//     folds every rank's staged copy straight into its tensor. One synchronisation (the
+//     arrival), but each rank reads n times the message. Staging buffers are double
+//     buffered by step, which is what makes the one synchronisation safe; a rank keeps two
+//     per group, the size of its largest oneshot message on that group.
+//   - twoshot: rank i folds the i-th of n chunks into its own tensor in place, then copies
+//     the other chunks from their owners. Three synchronisations, no extra memory, and
+//     each rank reads about twice the message whatever n is.
+//   - auto applies dist.StrategyFor: oneshot below 16 KB per rank for 2 ranks, 4 KB for 4
+//     (64 KB / n² in general), twoshot above; BenchmarkAllReduce measures the crossover.
+//
+// A waiting rank polls for a few microseconds, yielding the processor, before it parks:
+// ranks of one collective usually arrive within microseconds of each other, and waking a
+// parked goroutine costs more.
 package local
 
 import (
