@@ -63,7 +63,10 @@ var opKernels = map[string]*opKernel{
 	"mul": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
 		return d.binary("mul", out[0], in[0], in[1])
 	}},
-	"linear": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+	"linear": {run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
+		if w, ok := state.(*Tensor); ok { // the weight widened to f32 at compile time
+			return d.linear(out[0], in[0], w)
+		}
 		return d.linear(out[0], in[0], in[1])
 	}},
 	"cast": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
@@ -161,11 +164,24 @@ type step struct {
 	state   any
 }
 
+// Options tune Compile. The zero value is the default.
+type Options struct {
+	// ExactF32Linear makes every linear whose activations are f32 and whose weight is a bf16
+	// param multiply in f32: the weight is widened to f32 once, at compile time (twice its
+	// memory; the bf16 copy is dropped when nothing else reads it). The results then match
+	// the CPU backend to f32 rounding. Without it such a linear rounds its activations to
+	// bf16 and runs a bf16 GEMM with an f32 result (about 2^-9 relative error per input).
+	ExactF32Linear bool
+}
+
 // Compile prepares g to run on d: it verifies the graph, checks that every op has a CUDA
 // kernel (naming each op that has none), uploads every param (read through w) and const,
 // and evaluates once every node whose inputs are all params or consts. w may be nil for a
-// graph without params.
-func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights) (*Program, error) {
+// graph without params; opts may be nil for the defaults.
+func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, opts *Options) (*Program, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
 	if g == nil {
 		return nil, errors.New("cuda: compile: nil graph")
 	}
@@ -197,6 +213,11 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights) 
 				return err
 			}
 			if err := p.compileNode(ctx, n, slot, w); err != nil {
+				return err
+			}
+		}
+		if opts.ExactF32Linear {
+			if err := p.widenLinearWeights(); err != nil {
 				return err
 			}
 		}
@@ -329,6 +350,64 @@ func (p *Program) compileNode(ctx context.Context, n *graph.Node, slot map[*grap
 	return nil
 }
 
+// widenLinearWeights gives every linear step with f32 activations and a fixed bf16 weight
+// an f32 copy of the weight (shared by steps that read the same weight), and frees bf16
+// weights that nothing else reads.
+func (p *Program) widenLinearWeights() error {
+	d := p.dev
+	uses := make([]int, len(p.values))
+	for _, st := range p.steps {
+		for _, s := range st.in {
+			uses[s]++
+		}
+	}
+	for _, s := range p.outputs {
+		uses[s]++
+	}
+	wide := map[int]*Tensor{}
+	for i := range p.steps {
+		st := &p.steps[i]
+		if st.node.Op != "linear" || p.fixed[st.in[1]] == nil {
+			continue
+		}
+		x, w := st.node.Inputs[0].Type.DType, p.fixed[st.in[1]]
+		if x != tensor.F32 || w.DType != tensor.BF16 {
+			continue
+		}
+		wt, ok := wide[st.in[1]]
+		if !ok {
+			var err error
+			if wt, err = d.allocTensor(tensor.F32, w.Shape); err != nil {
+				return fmt.Errorf("widen %s: %w", nodeText(st.node), err)
+			}
+			if err := d.cast(wt, w); err != nil {
+				return fmt.Errorf("widen %s: %w", nodeText(st.node), err)
+			}
+			wide[st.in[1]] = wt
+			p.states = append(p.states, wt)
+		}
+		st.state = wt
+		uses[st.in[1]]--
+	}
+	for s := range wide {
+		if uses[s] == 0 && p.fixed[s].blk != nil && !p.aliased(s) {
+			d.Free(p.fixed[s]) // queued casts read it first: the stream orders the reuse
+			p.fixed[s] = &Tensor{DType: p.fixed[s].DType, Shape: p.fixed[s].Shape, dev: d}
+		}
+	}
+	return nil
+}
+
+// aliased reports whether a fixed value other than s is a view of s's memory.
+func (p *Program) aliased(s int) bool {
+	for o, t := range p.fixed {
+		if o != s && t != nil && p.fixed[s] != nil && t.ptr == p.fixed[s].ptr && t.ptr != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Close frees the program's device memory (params, consts, folded values, arenas).
 func (p *Program) Close() error {
 	if p == nil || p.dev == nil {
@@ -355,11 +434,11 @@ func (p *Program) Close() error {
 // Graph returns the graph the program was compiled from.
 func (p *Program) Graph() *graph.Graph { return p.g }
 
-// WeightBytes is the device memory the program holds between runs for params, consts and
-// folded values.
+// WeightBytes is the device memory the program holds between runs for params, consts,
+// folded values and what steps prepared (such as widened weights).
 func (p *Program) WeightBytes() int {
 	n := 0
-	for _, t := range p.fixed {
+	for _, t := range append(slices.Clone(p.fixed), p.states...) {
 		if t != nil && t.blk != nil {
 			n += int(t.blk.size)
 		}

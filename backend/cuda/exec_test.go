@@ -2,9 +2,11 @@ package cuda
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -23,7 +25,7 @@ func TestCompileNamesMissingKernels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Compile(context.Background(), nil, g, nil)
+	_, err = Compile(context.Background(), nil, g, nil, nil)
 	if err == nil {
 		t.Fatal("compile succeeded")
 	}
@@ -159,7 +161,7 @@ func runCPU(t *testing.T, m *model.Model, g *graph.Graph, in map[string]*tensor.
 	return out[0]
 }
 
-var fixtures = []string{"tiny-llama", "tiny-gqa6", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-llama31"}
+var fixtures = []string{"tiny-llama", "tiny-gqa6", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-llama31", "tiny-llama2"}
 
 // The fused test graph computes what the frontend's plain graph computes (on the CPU).
 func TestFusedGraphMatchesPlainOnCPU(t *testing.T) {
@@ -186,7 +188,7 @@ func TestProgramFixtures(t *testing.T) {
 		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
 			t.Run(name+"/"+act.String(), func(t *testing.T) {
 				m, _, fused := fixtureGraphs(t, name, act)
-				p, err := Compile(context.Background(), d, fused, m.Checkpoint)
+				p, err := Compile(context.Background(), d, fused, m.Checkpoint, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -220,5 +222,74 @@ func TestProgramFixtures(t *testing.T) {
 				t.Logf("%s act %s: %d steps, %d folded, %d bytes of weights", name, act, len(p.steps), p.Folded, p.WeightBytes())
 			})
 		}
+	}
+}
+
+// reference is the part of a fixture's reference.json (Hugging Face transformers, f32) that
+// the parity test reads.
+type reference struct {
+	Prompts []struct {
+		IDs           []int     `json:"ids"`
+		LastLogits    []float32 `json:"last_logits"`
+		GreedyNewIDs  []int     `json:"greedy_new_ids"`
+		GreedyMargins []float64 `json:"greedy_margins"`
+	} `json:"prompts"`
+}
+
+// The fused graphs, run by the CUDA executor with f32 activations and exact f32 GEMMs, give
+// Hugging Face's logits within 1e-3 (as the CPU backend must) and its greedy tokens up to
+// the first near-tie.
+func TestProgramHuggingFaceParity(t *testing.T) {
+	d := gpu(t)
+	for _, name := range fixtures {
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile("../../testdata/" + name + "/reference.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref reference
+			if err := json.Unmarshal(data, &ref); err != nil {
+				t.Fatal(err)
+			}
+			m, _, fused := fixtureGraphs(t, name, tensor.F32)
+			p, err := Compile(context.Background(), d, fused, m.Checkpoint, &Options{ExactF32Linear: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			V := m.Config.VocabSize
+			last := func(seq []int) []float32 {
+				ids, pos := tensor.New(tensor.I32, 1, len(seq)), tensor.New(tensor.I32, 1, len(seq))
+				for i, id := range seq {
+					ids.I32[i], pos.I32[i] = int32(id), int32(i)
+				}
+				out, err := p.Run(context.Background(), map[string]*tensor.Tensor{"input_ids": ids, "positions": pos})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out[0].Float32s()[(len(seq)-1)*V:]
+			}
+			for i, pr := range ref.Prompts {
+				got := last(pr.IDs)
+				want := tensor.FromF32(pr.LastLogits, len(pr.LastLogits))
+				compare(t, "hf_parity", fmt.Sprintf("%s prompt %d (%d tokens) last logits", name, i, len(pr.IDs)),
+					tensor.FromF32(got, len(got)), want, tol{atol: 1e-3})
+				seq := append([]int(nil), pr.IDs...)
+				for j, wantID := range pr.GreedyNewIDs {
+					if j > 0 {
+						got = last(seq)
+					}
+					gotID := goArgmax(got)
+					if gotID != wantID {
+						if j < len(pr.GreedyMargins) && pr.GreedyMargins[j] < 0.01 {
+							break // a near-tie: either token is right
+						}
+						t.Errorf("%s prompt %d: greedy token %d is %d, Hugging Face's %d", name, i, j, gotID, wantID)
+						break
+					}
+					seq = append(seq, gotID)
+				}
+			}
+		})
 	}
 }
