@@ -11,7 +11,10 @@
 // memory; the CPU backend and tests) and, with the GPU work, dist/nccl. This package imports
 // no backend; the plain strings of the configuration (dist_backend, allreduce_strategy) are
 // resolved here by ResolveBackend and StrategyFor, so that the sharding pass and the op
-// catalog never import a backend either.
+// catalog never import a backend either. A backend compiling a graph turns each collective
+// node into a Collective (its attributes as plain values), binds it to the mesh with
+// Collective.Bind, which checks the group axis and its size against the mesh, and runs the
+// Bound collective on its rank's Communicator.
 //
 // # Numerics
 //
