@@ -130,6 +130,7 @@ func TestAbort(t *testing.T) {
 func TestContextCancel(t *testing.T) {
 	comms := newWorld(t, 3, Options{Timeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
+	rank1Done := make(chan struct{})
 	errs := run(t, comms, func(c *Comm) error {
 		g := worldGroup(3, c.Rank())
 		switch c.Rank() {
@@ -137,9 +138,10 @@ func TestContextCancel(t *testing.T) {
 			go func() { time.Sleep(30 * time.Millisecond); cancel() }()
 			return c.Barrier(ctx, g)
 		case 1:
+			defer close(rank1Done)
 			return c.Barrier(context.Background(), g)
 		}
-		time.Sleep(200 * time.Millisecond) // arrives after rank 0 left
+		<-rank1Done // arrives after rank 0 left and broke the group
 		return c.Barrier(context.Background(), g)
 	})
 	if !errors.Is(errs[0], context.Canceled) {
