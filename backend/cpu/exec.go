@@ -365,6 +365,7 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 				return nil, fmt.Errorf("cpu: run %s: %s: input %d was released early (internal error)", p.g.Name, st.node, i)
 			}
 		}
+		clearVectorState()
 		res, err := runKernel(st.kernel, st.node, in, outs)
 		if err != nil {
 			return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)

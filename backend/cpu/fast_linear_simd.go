@@ -19,6 +19,23 @@ func init() {
 	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
 		groupBF16, groupF32 = simdGroupBF16, simdGroupF32
 	}
+	hasAVX = archsimd.X86.AVX()
+}
+
+// hasAVX reports whether VZEROUPPER may be executed.
+var hasAVX bool
+
+// clearVectorState clears the upper halves of the vector registers (VZEROUPPER), so that the
+// SSE instructions of scalar float code that follows run at full speed. Besides the kernels
+// here, something else leaves them dirty: with GOEXPERIMENT=simd the runtime's asynchronous
+// preemption restores the full YMM/ZMM registers without clearing them afterwards, and on
+// the Xeon we measured the scalar code of a preempted goroutine then ran up to 20x slower
+// (math.Exp in silu, softmax) until the next VZEROUPPER. The executor calls this before
+// every kernel and the worker pool before every chunk.
+func clearVectorState() {
+	if hasAVX {
+		archsimd.ClearAVXUpperBits()
+	}
 }
 
 // simdLoadBF16 widens the eight bf16 values at p.

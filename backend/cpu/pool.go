@@ -33,6 +33,7 @@ func (j *job) run() {
 		if lo >= j.n {
 			return
 		}
+		clearVectorState()
 		j.f(lo, min(lo+j.chunk, j.n))
 	}
 }
