@@ -278,6 +278,19 @@ func inferCases() []inferCase {
 		inferCase{op: "all_to_all", in: []Type{ty(f32t, "T", 4)}, attrs: tp2(Attrs{"split_axis": 1, "concat_axis": 0}), err: "all_to_all along symbolic dimension T"},
 		inferCase{op: "all_to_all", in: []Type{ty(f32t, 4)}, attrs: tp2(Attrs{"split_axis": 0, "concat_axis": 3}), err: "all_to_all concat_axis: axis 3 out of range"},
 		inferCase{op: "all_to_all", in: []Type{ty(f32t, 4)}, attrs: Attrs{"group": "2tp", "group_size": 2, "split_axis": 0, "concat_axis": 0}, err: `group "2tp" is not a mesh axis name`},
+
+		inferCase{op: "all_reduce_add_rmsnorm", in: []Type{ty(f32t, "B", "S", 64), ty(f32t, "B", "S", 64), ty(bf16, 64)}, attrs: tp2(Attrs{"eps": 1e-5}), want: []Type{ty(f32t, "B", "S", 64), ty(f32t, "B", "S", 64)}},
+		inferCase{op: "all_reduce_add_rmsnorm", in: []Type{ty(bf16, 2, 8), ty(bf16, 2, 8), ty(bf16, 8)}, attrs: tp2(Attrs{"eps": 1e-6, "strategy": "oneshot"}), want: []Type{ty(bf16, 2, 8), ty(bf16, 2, 8)}},
+		inferCase{op: "all_reduce_add_rmsnorm", in: []Type{ty(f32t, "B", 64), ty(f32t, "B", 32), ty(f32t, 64)}, attrs: tp2(Attrs{"eps": 1e-5}), err: "x [B,64] and residual [B,32] differ in shape"},
+		inferCase{op: "all_reduce_add_rmsnorm", in: []Type{ty(f32t, 8), ty(f32t, 8), ty(f32t, 8)}, attrs: tp2(Attrs{"eps": 1e-5, "strategy": "ring"}), err: `strategy "ring" is not one of`},
+		inferCase{op: "all_reduce_add_rmsnorm", in: []Type{ty(f32t, 8), ty(f32t, 8), ty(f32t, 8)}, attrs: Attrs{"group": "tp", "group_size": 0, "eps": 1e-5}, err: "group_size must be >= 1, got 0"},
+		inferCase{op: "all_reduce_add_rmsnorm", in: []Type{ty(f32t, 8), ty(f32t, 8), ty(f32t, 8)}, attrs: tp2(nil), err: "missing required attribute eps"},
+
+		inferCase{op: "linear_all_reduce", in: []Type{ty(f32t, "B", "S", 80), ty(bf16, 64, 80)}, attrs: tp2(nil), want: []Type{ty(f32t, "B", "S", 64)}},
+		inferCase{op: "linear_all_reduce", in: []Type{ty(bf16, 3, 16), ty(f32t, 8, 16)}, attrs: Attrs{"group": "tp", "group_size": 4, "strategy": "twoshot"}, want: []Type{ty(bf16, 3, 8)}},
+		inferCase{op: "linear_all_reduce", in: []Type{ty(f32t, "B", 80), ty(f32t, 64, 40)}, attrs: tp2(nil), err: "x's last dimension 80 differs from the weight's input dimension 40"},
+		inferCase{op: "linear_all_reduce", in: []Type{ty(f32t, "B", 40), ty(f32t, 64, 40)}, attrs: Attrs{"group": "world", "group_size": 2, "strategy": "fast"}, err: `strategy "fast" is not one of`},
+		inferCase{op: "linear_all_reduce", in: []Type{ty(f32t, "B", 40), ty(f32t, 64, 40)}, attrs: Attrs{"group_size": 2}, err: "missing required attribute group"},
 	)
 	for _, op := range []string{"sum", "mean", "max"} {
 		cases = append(cases,

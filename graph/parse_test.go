@@ -240,7 +240,15 @@ func buildCollective() (*Graph, error) {
 	g := b.Op("all_gather", Attrs{"group": "tp", "group_size": 2, "axis": -1}, m)                        // [B,8,64]
 	s := b.Op("reduce_scatter", Attrs{"group": "tp", "group_size": 2, "axis": 1, "op": "max"}, g)        // [B,4,64]
 	a := b.Op("all_to_all", Attrs{"group": "tp", "group_size": 2, "split_axis": 2, "concat_axis": 1}, s) // [B,8,32]
-	b.Output(b.Add(a, x))
+	// The fused collectives of post_load_fusion: a row-parallel linear with its reduction, and
+	// a reduction joined with the residual add and the next norm.
+	b.SetScope("model.layers.1.mlp")
+	w := b.Op(OpParam, Attrs{"key": "model.layers.1.mlp.down_proj.weight", "dtype": tensor.BF16, "shape": Dims(32, 64), "slice_dim": 1, "slice_index": 1, "slice_count": 2})
+	l := b.Op("linear_all_reduce", Attrs{"group": "tp", "group_size": 2, "strategy": "twoshot"}, a, w) // [B,8,32]
+	b.SetScope("model.layers.2.input_layernorm")
+	nw := b.Param("model.layers.2.input_layernorm.weight", tensor.BF16, Dims(32))
+	n := b.Apply("all_reduce_add_rmsnorm", Attrs{"group": "tp", "group_size": 2, "eps": 1e-06}, l, a, nw)
+	b.Output(b.Add(a, x), n[0], n[1])
 	return b.Build()
 }
 

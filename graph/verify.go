@@ -8,8 +8,8 @@ import (
 // Verify checks that a graph is well formed: every value is defined once before it is used,
 // names are unique and valid, every type is well formed (a known dtype; dimensions that are
 // non-negative sizes or valid symbols), every op is known with valid attributes, and every
-// recorded output type equals what inference gives now. It returns all problems found (up to
-// 20), each naming the node.
+// recorded output type equals what inference gives now, and no fused op hides a collective
+// (CheckFusedCollectives). It returns all problems found (up to 20), each naming the node.
 func Verify(g *Graph) error {
 	if g == nil {
 		return errors.New("graph is nil")
@@ -130,6 +130,11 @@ func Verify(g *Graph) error {
 			if !t.Equal(n.Outputs[j].Type) {
 				add("%s: output %%%s is recorded as %s but inference gives %s", where, n.Outputs[j].Name, n.Outputs[j].Type, t)
 			}
+		}
+	}
+	if len(errs) == 0 {
+		if err := CheckFusedCollectives(g); err != nil {
+			add("%v", err)
 		}
 	}
 	if len(g.Outputs) == 0 {
