@@ -26,6 +26,7 @@ type Program struct {
 
 	params, paramBytes int // how many params were loaded, and their size
 	folded             int // how many nodes were evaluated at compile time
+	ranks              int // the ranks the graph needs: its largest collective group
 
 	// onFree, when set (by tests), is told of every value a run releases.
 	onFree func(v *graph.Value)
@@ -44,6 +45,8 @@ type step struct {
 	out    []int // slots written
 	free   []int // slots whose last use is this step
 	outs   []Out // the outputs' concrete types when they hold no symbol, else nil
+	// run, set on collectives bound to a communicator (see CompileWith), replaces kernel.
+	run ctxKernel
 }
 
 // Graph returns the graph the program was compiled from. It must not be modified.
@@ -72,13 +75,22 @@ func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, 
 // compile is Compile with the kernel lookup as a parameter (Lookup, or Reference for the
 // reference decomposition of fused ops).
 func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func(string) (Kernel, bool)) (*Program, error) {
+	return compileWith(ctx, g, w, lookup, nil)
+}
+
+// compileWith is compile with the communicator options of CompileWith (nil: none).
+func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func(string) (Kernel, bool), opts *Options) (*Program, error) {
 	if g == nil {
 		return nil, errors.New("cpu: compile: nil graph")
 	}
 	if err := graph.Verify(g); err != nil {
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 	}
-	p := &Program{g: g}
+	bind, err := newBinder(g, opts)
+	if err != nil {
+		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
+	}
+	p := &Program{g: g, ranks: graph.CollectiveRanks(g)}
 	slot := map[*graph.Value]int{}
 	for _, v := range g.Inputs {
 		slot[v] = len(p.values)
@@ -95,8 +107,17 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 	// Kernels first, so that a graph we cannot run fails before any weight is read.
 	var missing []error
 	kernels := make([]Kernel, len(g.Nodes))
+	runs := make([]ctxKernel, len(g.Nodes))
 	for i, n := range g.Nodes {
 		if n.Op == graph.OpParam {
+			continue
+		}
+		if bind != nil && isCollective(n) {
+			r, err := bind.kernel(n, lookup)
+			if err != nil {
+				missing = append(missing, fmt.Errorf("node %s: %w", n, err))
+			}
+			runs[i] = r
 			continue
 		}
 		k, ok := lookup(n.Op)
@@ -136,13 +157,13 @@ func compile(ctx context.Context, g *graph.Graph, w backend.Weights, lookup func
 			continue
 		}
 		outs, symErr := resolveOuts(n, nil) // an error: the output shapes hold symbols
-		if symErr == nil && p.foldable(n, slot) {
+		if symErr == nil && !isCollective(n) && p.foldable(n, slot) {
 			if err := p.fold(ctx, n, kernels[i], outs, slot, uses); err != nil {
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 			}
 			continue
 		}
-		st := step{node: n, kernel: kernels[i]}
+		st := step{node: n, kernel: kernels[i], run: runs[i]}
 		if symErr == nil {
 			st.outs = outs
 		}
@@ -366,7 +387,13 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 			}
 		}
 		clearVectorState()
-		res, err := runKernel(st.kernel, st.node, in, outs)
+		k := st.kernel
+		if st.run != nil {
+			k = func(_ *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+				return st.run(ctx, in, out)
+			}
+		}
+		res, err := runKernel(k, st.node, in, outs)
 		if err != nil {
 			return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)
 		}
