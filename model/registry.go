@@ -31,7 +31,37 @@ type Architecture struct {
 	// Build returns the graph: inputs input_ids i32[B,S] and positions i32[B,S], output
 	// logits f32[B,S,vocab].
 	Build func(cfg *Config, opts BuildOptions) (*graph.Graph, error)
+	// TPPlan is the architecture's own tensor-parallel plan, the "factory" source of the
+	// detect_sharding transform; nil when the architecture declares none.
+	TPPlan TPPlan
 }
+
+// TPPlan says how the weights of an architecture split for tensor parallelism: a weight name
+// pattern maps to one of the TP* values. A pattern matches a weight's checkpoint name, or
+// that name without its ".weight" suffix (the module); '*' matches any run of characters
+// other than '.', so "model.layers.*.mlp.down_proj" names every layer's down projection.
+// Where several patterns match, the one with the most literal characters wins.
+//
+// Entries concern the linears that read a weight (its matrix products); an embedding lookup
+// is always replicated, so an entry on the embedding table applies only to a linear that
+// reads the same table (tied embeddings: the LM head). Biases and norm weights follow the
+// linear they belong to and need no entries.
+type TPPlan map[string]string
+
+// The values of a TPPlan, as the detect_sharding transform reads them.
+const (
+	// TPColwise splits a linear's output features (the weight's rows): each rank computes a
+	// slice of the output, which stays split for what follows (attention heads, SwiGLU).
+	TPColwise = "colwise"
+	// TPRowwise splits a linear's input features (the weight's columns): each rank computes a
+	// partial sum of the whole output, which an all_reduce completes.
+	TPRowwise = "rowwise"
+	// TPGather splits the output features like TPColwise, then all_gathers them, so the
+	// output is whole again (the LM head, split by vocabulary).
+	TPGather = "gather"
+	// TPReplicate keeps the whole weight on every rank.
+	TPReplicate = "replicate"
+)
 
 var architectures = map[string]*Architecture{}
 

@@ -30,8 +30,24 @@ func init() {
 	} {
 		model.RegisterArchitecture(&model.Architecture{Name: name, Build: func(cfg *model.Config, opts model.BuildOptions) (*graph.Graph, error) {
 			return build(cfg, opts, v)
-		}})
+		}, TPPlan: tpPlan})
 	}
+}
+
+// tpPlan is the family's tensor-parallel plan: q/k/v and gate/up split by output features
+// (whole heads: detect_sharding keeps attention splits on head boundaries), o and down by
+// input features with an all_reduce after, the LM head by vocabulary with an all_gather.
+// Embedding lookups stay replicated; with tied embeddings the table's entry is the LM head's.
+var tpPlan = model.TPPlan{
+	"model.layers.*.self_attn.q_proj": model.TPColwise,
+	"model.layers.*.self_attn.k_proj": model.TPColwise,
+	"model.layers.*.self_attn.v_proj": model.TPColwise,
+	"model.layers.*.self_attn.o_proj": model.TPRowwise,
+	"model.layers.*.mlp.gate_proj":    model.TPColwise,
+	"model.layers.*.mlp.up_proj":      model.TPColwise,
+	"model.layers.*.mlp.down_proj":    model.TPRowwise,
+	"model.embed_tokens":              model.TPGather,
+	"lm_head":                         model.TPGather,
 }
 
 // B and S are the symbolic batch and sequence dimensions of the graph inputs.
