@@ -3,18 +3,22 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/tokenizer"
 	"github.com/loom-ml/loom/transform"
 )
 
 func newGenerateCmd() *cobra.Command {
 	var (
 		dir        string
+		prompt     string
 		promptIDs  string
 		maxNew     int
 		asJSON     bool
@@ -23,26 +27,44 @@ func newGenerateCmd() *cobra.Command {
 		transforms transform.Flags
 	)
 	cmd := &cobra.Command{
-		Use:     "generate",
-		Short:   "Generate tokens greedily from a prompt",
-		Example: `  loom generate --model testdata/tiny-llama --prompt-ids 0,56,76 --max-new-tokens 8 --json`,
-		Args:    cobra.NoArgs,
+		Use:   "generate",
+		Short: "Generate tokens greedily from a prompt",
+		Long: `Generates tokens greedily from a prompt given as token ids (--prompt-ids) or as text (--prompt,
+encoded with the tokenizer's special tokens). Prints the new ids, or with --prompt the new text
+(up to the first end-of-sequence token), or with --json one object {"ids": [...]}.`,
+		Example: `  loom generate --model testdata/tiny-llama --prompt-ids 0,56,76 --max-new-tokens 8 --json
+  loom generate --model testdata/tiny-llama --prompt "The quick brown fox" --max-new-tokens 8`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ids, err := parseIDs(promptIDs)
-			if err != nil {
+			var (
+				ids []int
+				tok *tokenizer.Tokenizer
+				err error
+			)
+			if cmd.Flags().Changed("prompt") {
+				if tok, err = tokenizer.LoadDir(dir); err != nil {
+					return err
+				}
+				if ids, err = tok.Encode(prompt, true); err != nil {
+					return fmt.Errorf("--prompt: %w", err)
+				}
+				if len(ids) == 0 {
+					return fmt.Errorf("--prompt: the prompt has no tokens")
+				}
+			} else if ids, err = parseIDs(promptIDs); err != nil {
 				return fmt.Errorf("--prompt-ids: %w", err)
 			}
 			if maxNew < 0 {
 				return fmt.Errorf("--max-new-tokens must be >= 0, got %d", maxNew)
 			}
-			m, err := engine.Load(cmd.Context(), dir, engine.LoadOptions{Optimize: !noOptimize, Transforms: transforms})
+			m, err := loadModel(cmd, dir, !noOptimize, transforms)
 			if err != nil {
 				return err
 			}
 			defer m.Close()
 			for _, id := range ids {
 				if id >= m.Config.VocabSize {
-					return fmt.Errorf("--prompt-ids: token id %d is outside the vocabulary (size %d)", id, m.Config.VocabSize)
+					return fmt.Errorf("prompt: token id %d is outside the vocabulary (size %d)", id, m.Config.VocabSize)
 				}
 			}
 			res, err := engine.GreedyRecompute(cmd.Context(), m.Program, ids, maxNew)
@@ -50,6 +72,9 @@ func newGenerateCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
+			if tok != nil && !asJSON {
+				return printText(out, tok, res.NewIDs, m.EOSTokenIDs())
+			}
 			if !asJSON {
 				parts := make([]string, len(res.NewIDs))
 				for i, id := range res.NewIDs {
@@ -73,6 +98,7 @@ func newGenerateCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&dir, "model", "", "checkpoint directory (config.json, *.safetensors)")
+	f.StringVar(&prompt, "prompt", "", "prompt as text, encoded with the tokenizer's special tokens")
 	f.StringVar(&promptIDs, "prompt-ids", "", "prompt as comma-separated token ids, e.g. 0,1,2")
 	f.IntVar(&maxNew, "max-new-tokens", 16, "number of tokens to generate")
 	f.BoolVar(&asJSON, "json", false, `print one JSON object {"ids": [...], "logits": [...]} on stdout`)
@@ -80,8 +106,25 @@ func newGenerateCmd() *cobra.Command {
 	f.BoolVar(&noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline")
 	addTransformFlags(cmd, &transforms)
 	_ = cmd.MarkFlagRequired("model")
-	_ = cmd.MarkFlagRequired("prompt-ids")
+	cmd.MarkFlagsOneRequired("prompt", "prompt-ids")
+	cmd.MarkFlagsMutuallyExclusive("prompt", "prompt-ids")
 	return cmd
+}
+
+// printText prints the text of ids up to the first end-of-sequence id, special tokens left out.
+func printText(w io.Writer, tok *tokenizer.Tokenizer, ids, eos []int) error {
+	for i, id := range ids {
+		if slices.Contains(eos, id) {
+			ids = ids[:i]
+			break
+		}
+	}
+	text, err := tok.Decode(ids, true)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, text)
+	return err
 }
 
 // parseIDs reads "0,1,2" into token ids.

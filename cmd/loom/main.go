@@ -42,6 +42,7 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
-	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd(), newSynthCmd())
+	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd(), newSynthCmd(),
+		newServeCmd(), newChatCmd(), newTokenizeCmd(), newBenchCmd())
 	return root
 }

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/server"
+	"github.com/loom-ml/loom/transform"
+)
+
+// engineFlags are the runtime settings that serve, chat and bench share.
+type engineFlags struct {
+	maxBatch     int
+	tokensPerStp int
+	kvBlocks     int
+	kvCacheBytes int64
+	worldSize    int
+	noOptimize   bool
+	transforms   transform.Flags
+}
+
+func (e *engineFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.IntVar(&e.maxBatch, "max-batch", 0, "most sequences in one engine step (0: the engine's default, 16)")
+	f.IntVar(&e.tokensPerStp, "max-tokens-per-step", 0, "most tokens one step computes (0: the engine's default, 512)")
+	f.IntVar(&e.kvBlocks, "kv-blocks", 0, "KV cache blocks (0: from --kv-cache-bytes)")
+	f.Int64Var(&e.kvCacheBytes, "kv-cache-bytes", 0, "KV cache memory budget in bytes (0: max-batch full-context sequences, at most 1 GiB)")
+	f.IntVar(&e.worldSize, "world-size", 1, "number of ranks (tensor-parallel devices)")
+	f.BoolVar(&e.noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline (not servable: the engine needs the paged KV cache)")
+	addTransformFlags(cmd, &e.transforms)
+}
+
+// start loads the model in dir and starts an engine on it. The caller closes both.
+func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*engine.Model, *engine.Engine, error) {
+	if e.worldSize != 1 {
+		return nil, nil, fmt.Errorf("--world-size %d: the engine runs a single rank for now (the CPU backend has no multi-rank executables yet)", e.worldSize)
+	}
+	m, err := loadModel(cmd, dir, !e.noOptimize, e.transforms)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The engine outlives the command's context: a signal must let it drain, not kill it.
+	eng, err := engine.New(context.WithoutCancel(cmd.Context()), m, engine.Options{
+		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
+		QueueOnFull: queueOnFull, MaxQueue: maxQueue,
+	})
+	if err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	return m, eng, nil
+}
+
+func newServeCmd() *cobra.Command {
+	var (
+		dir             string
+		host            string
+		port            int
+		name            string
+		overload        string
+		maxQueue        int
+		maxConcurrent   int
+		defaultMax      int
+		shutdownTimeout time.Duration
+		ef              engineFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve a model over HTTP with the OpenAI API",
+		Long: `Loads a model and serves it with an OpenAI-compatible API:
+
+  POST /v1/completions, POST /v1/chat/completions (streaming with "stream": true)
+  GET /v1/models, GET /health, GET /metrics (Prometheus)
+
+--overload chooses what happens when the engine is full: "queue" (the default) makes requests
+wait, "reject" answers HTTP 429 at once. On SIGTERM or SIGINT the server stops accepting
+connections, finishes the requests in flight (up to --shutdown-timeout) and exits.`,
+		Example: `  loom serve --model testdata/tiny-llama --port 8000
+  curl localhost:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if overload != "queue" && overload != "reject" {
+				return fmt.Errorf("--overload must be queue or reject, got %q", overload)
+			}
+			if port < 0 || port > 65535 {
+				return fmt.Errorf("--port must be between 0 and 65535, got %d", port)
+			}
+			queue := overload == "queue"
+			m, eng, err := ef.start(cmd, dir, queue, maxQueue)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			defer eng.Close()
+			cfg, err := server.ModelConfig(m, name)
+			if err != nil {
+				return err
+			}
+			reg := prometheus.NewRegistry()
+			for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+				if err := reg.Register(c); err != nil {
+					return fmt.Errorf("metrics: %w", err)
+				}
+			}
+			cfg.Registry = reg
+			cfg.MaxConcurrent, cfg.QueueWhenFull, cfg.MaxQueue = maxConcurrent, queue, maxQueue
+			if defaultMax > 0 {
+				cfg.DefaultMaxTokens = defaultMax
+			}
+			srv, err := server.New(server.FromEngine(eng), cfg)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+			if err != nil {
+				return fmt.Errorf("listen: %w", err)
+			}
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			slog.Info("listening", "url", "http://"+ln.Addr().String()+"/v1", "model", cfg.Model)
+			select {
+			case err := <-served:
+				return err
+			case <-cmd.Context().Done():
+			}
+			slog.Info("signal received; finishing the requests in flight", "timeout", shutdownTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			err = srv.Shutdown(ctx)
+			if serr := <-served; serr != nil {
+				err = errors.Join(err, serr)
+			}
+			if err == nil {
+				slog.Info("server stopped")
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "model", "", "checkpoint directory")
+	f.StringVar(&host, "host", "127.0.0.1", "address to listen on")
+	f.IntVar(&port, "port", 8000, "port to listen on (0: any free port)")
+	f.StringVar(&name, "served-model-name", "", "model name in the API (default: the directory's name)")
+	f.StringVar(&overload, "overload", "queue", "when the engine is full: queue (wait) or reject (HTTP 429)")
+	f.IntVar(&maxQueue, "max-queue", 0, "most requests waiting in the engine's queue (0: the engine's default, 1024)")
+	f.IntVar(&maxConcurrent, "max-concurrent", 0, "most requests in the engine at once, counted by the server (0: no limit of its own)")
+	f.IntVar(&defaultMax, "default-max-tokens", 0, "max_tokens of completion requests that give none (0: 16, as OpenAI)")
+	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 5*time.Minute, "how long to wait for requests in flight on SIGTERM")
+	ef.register(cmd)
+	_ = cmd.MarkFlagRequired("model")
+	return cmd
+}

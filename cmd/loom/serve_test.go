@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/loom-ml/loom/bench"
+	"github.com/loom-ml/loom/chattemplate"
+	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/tokenizer"
+)
+
+// syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startServe runs `loom serve` in the background on a free port and returns its API URL,
+// a function that stops it as SIGTERM would, one that waits for the command's result, and
+// its stderr.
+func startServe(t *testing.T, args ...string) (url string, stop context.CancelFunc, wait func() error, stderr *syncBuffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := newRootCmd()
+	stderr = &syncBuffer{}
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(stderr)
+	cmd.SetArgs(append([]string{"serve", "--port", "0"}, args...))
+	fin := make(chan struct{})
+	var result error
+	go func() {
+		result = cmd.ExecuteContext(ctx)
+		close(fin)
+	}()
+	re := regexp.MustCompile(`listening url=(\S+)`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			url = m[1]
+			break
+		}
+		select {
+		case <-fin:
+			t.Fatalf("serve exited: %v\n%s", result, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("serve did not start:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wait = func() error {
+		<-fin
+		return result
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = wait()
+	})
+	return url, cancel, wait, stderr
+}
+
+// TestServeGracefulShutdown serves tiny-llama, then "sends SIGTERM" (ends the command's
+// context) while a streaming request runs: the request completes and serve exits cleanly.
+func TestServeGracefulShutdown(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	url, stop, wait, stderr := startServe(t, "--model", dir, "--served-model-name", "tiny")
+	client := openai.NewClient(option.WithBaseURL(url+"/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Hello")}, MaxTokens: openai.Int(4), Temperature: openai.Float(0),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Usage.CompletionTokens < 1 || c.Model != "tiny" {
+		t.Errorf("completion %+v", c)
+	}
+	st := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+		Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Hello")}, MaxTokens: openai.Int(200),
+		Temperature: openai.Float(0), StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	}, option.WithJSONSet("ignore_eos", true))
+	if !st.Next() {
+		t.Fatalf("stream: %v", st.Err())
+	}
+	stop() // SIGTERM
+	var usage openai.CompletionUsage
+	for st.Next() {
+		if u := st.Current().Usage; u.TotalTokens > 0 {
+			usage = u
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("the request in flight failed: %v", err)
+	}
+	if usage.CompletionTokens != 200 {
+		t.Errorf("the request in flight got %d tokens, want 200", usage.CompletionTokens)
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("serve: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "server stopped") {
+		t.Errorf("no shutdown message in\n%s", stderr.String())
+	}
+}
+
+func TestServeFlags(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--model", dir, "--world-size", "2"}, "world-size"},
+		{[]string{"serve", "--model", dir, "--overload", "drop"}, "--overload"},
+		{[]string{"serve", "--model", dir, "--port", "70000"}, "--port"},
+		{[]string{"serve"}, "model"},
+	} {
+		_, _, err := run(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestBenchAgainstServe runs loom bench against loom serve, writes the JSON result and
+// compares a second run with it.
+func TestBenchAgainstServe(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	url, _, _, _ := startServe(t, "--model", dir)
+	out := filepath.Join(t.TempDir(), "run.json")
+	args := []string{"bench", "--url", strings.TrimSuffix(url, "/v1"), "--tokenizer", dir, "--num-requests", "6", "--concurrency", "3",
+		"--input-len", "10", "--output-len", "5"}
+	stdout, stderr, err := run(t, append(args, "--json", "--output", out)...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	var res bench.Result
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	if res.Requests != 6 || res.Failed != 0 || res.OutputTokens != 30 || res.InputTokens != 60 || res.TTFT.P50 <= 0 || res.Latency.P99 < res.TTFT.P99 {
+		t.Errorf("result %+v", res)
+	}
+	if _, err := os.Stat(out); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, err = run(t, append(args, "--rate", "50", "--endpoint", "chat", "--baseline", out)...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	for _, want := range []string{"requests/s", "time to first token", "compared with", "ratio", "ttft p99 (ms)"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+func TestBenchInProcess(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	data := filepath.Join(t.TempDir(), "data.jsonl")
+	if err := os.WriteFile(data, []byte(`{"prompt": "Hello there", "max_tokens": 3}
+{"prompt_ids": [0, 56, 76], "max_tokens": 4}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, err := run(t, "bench", "--model", dir, "--dataset", data, "--num-requests", "4", "--concurrency", "2", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	var res bench.Result
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	if res.Requests != 4 || res.OutputTokens != 14 || !strings.Contains(res.Target, "in-process") {
+		t.Errorf("result %+v", res)
+	}
+	if _, _, err := run(t, "bench"); err == nil {
+		t.Error("bench without --url or --model should fail")
+	}
+}
+
+// TestChat pipes a conversation into loom chat and checks the greedy replies against the
+// engine's tokens for the same rendered prompts.
+func TestChat(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-qwen2")
+	cmd := newRootCmd()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetIn(strings.NewReader("Hello!\n\n/reset\nName a colour.\n/exit\nnever read\n"))
+	cmd.SetArgs([]string{"chat", "--model", dir, "--temperature", "0", "--max-tokens", "6", "--system", "Be brief."})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	want := greedyReply(t, dir, "Be brief.", "Hello!", 6)
+	want2 := greedyReply(t, dir, "Be brief.", "Name a colour.", 6)
+	got := stdout.String()
+	if !strings.Contains(got, want) || !strings.Contains(got, want2) || !strings.Contains(got, "(conversation cleared)") {
+		t.Errorf("chat output %q, want the replies %q and %q", got, want, want2)
+	}
+}
+
+// greedyReply is the text the engine generates greedily for a system and a user message.
+func greedyReply(t *testing.T, dir, system, user string, n int) string {
+	t.Helper()
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chattemplate.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := tmpl.Render([]chattemplate.Message{{Role: "system", Content: system}, {Role: "user", Content: user}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := tok.Encode(text, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := engine.Load(ctx, dir, engine.LoadOptions{Optimize: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	eng, err := engine.New(ctx, m, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	st, err := eng.Submit(ctx, engine.Request{Prompt: ids, MaxTokens: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, last, err := st.Collect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.Finish == engine.FinishStop {
+		toks = toks[:len(toks)-1]
+	}
+	reply, err := tok.Decode(toks, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply
+}
