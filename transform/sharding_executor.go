@@ -1,0 +1,501 @@
+package transform
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/graph"
+)
+
+// ShardingExecutorConfig holds the options of sharding_executor.
+type ShardingExecutorConfig struct {
+	// AllReduceStrategy is the strategy attribute of the all_reduce nodes inserted: auto,
+	// nccl, oneshot or twoshot (see package dist).
+	AllReduceStrategy string `yaml:"allreduce_strategy"`
+	// Mesh is used only when detect_sharding did not run (it is disabled, or in a test): the
+	// executor then detects the plan itself with detect_sharding's defaults over this mesh
+	// (empty: the caller's, else tp over every rank).
+	Mesh string `yaml:"mesh"`
+}
+
+// ShardingExecutor turns the one graph into one graph per rank.
+var ShardingExecutor = &Transform{
+	Name:  "sharding_executor",
+	Stage: Sharding,
+	Doc: `Applies detect_sharding's plan: turns the one graph into one graph per rank of the
+mesh, each reading only its own slices of the weights. A colwise linear reads its rows of the
+weight (and of its bias), and what follows computes on the split values: the reshapes around
+attention get the local head counts, and rope, sdpa, per-head norms and SwiGLU run on the
+local heads and features as they are. A rowwise linear reads its columns and an all_reduce
+over the tp group follows it (a bias is added after the reduction, whole). A gather linear
+(the LM head, split by vocabulary) is followed by an all_gather along the last axis.
+Embedding lookups stay replicated; a table tied to the LM head is read whole for the lookup
+and by vocabulary slice for the head. Wherever a whole value is needed and a split one is at
+hand, an all_gather joins it; a whole value where a split one is needed is sliced. The
+collectives name the tp axis of the mesh, never the world. Ranks of other mesh axes (dp)
+get the graph of their tp coordinate. With one rank in the world and a mesh of more (a dry
+run: loom compile with a mesh option), the graph becomes rank 0's. Matches counts rank 0's
+sliced params and inserted collectives.`,
+	Config:   ShardingExecutorConfig{AllReduceStrategy: dist.StrategyAuto},
+	RunRanks: runShardingExecutor,
+}
+
+func init() { Register(ShardingExecutor) }
+
+func runShardingExecutor(_ context.Context, c *Context, graphs []*graph.Graph, cfgAny any) ([]*graph.Graph, Info, error) {
+	cfg, ok := cfgAny.(ShardingExecutorConfig)
+	if !ok {
+		return nil, Info{}, fmt.Errorf("config has type %T, want ShardingExecutorConfig", cfgAny)
+	}
+	if _, err := dist.ParseStrategy(cfg.AllReduceStrategy); err != nil {
+		return nil, Info{}, fmt.Errorf("option allreduce_strategy: %w", err)
+	}
+	if len(graphs) != 1 {
+		return nil, Info{}, fmt.Errorf("the graph is already split into %d rank graphs", len(graphs))
+	}
+	g := graphs[0]
+	plan, ok := ShardingPlanOf(c)
+	if !ok {
+		dc, _ := DetectSharding.DefaultConfig().(DetectShardingConfig)
+		dc.Mesh = cfg.Mesh
+		var err error
+		if plan, err = DetectPlan(c, g, dc); err != nil {
+			return nil, Info{}, err
+		}
+	}
+	if plan.Size <= 1 {
+		return graphs, Info{Skipped: true}, nil
+	}
+	world := c.World()
+	if world != 1 && world != plan.Mesh.Size() {
+		return nil, Info{}, fmt.Errorf("the plan's mesh %q has %d ranks, the world %d", plan.Mesh, plan.Mesh.Size(), world)
+	}
+	ranks := []int{c.Rank}
+	if world > 1 {
+		ranks = make([]int, world)
+		for r := range ranks {
+			ranks[r] = r
+		}
+	}
+	out := make([]*graph.Graph, len(ranks))
+	for i := len(ranks) - 1; i >= 0; i-- { // rank 0 last: it rewrites g itself
+		out[i] = g
+		if i > 0 {
+			out[i] = g.Clone()
+		}
+	}
+	var info Info
+	for i, rank := range ranks {
+		grp, err := plan.Mesh.Group(rank, TPAxis)
+		if err != nil {
+			return nil, Info{}, err
+		}
+		s := &sharder{plan: plan, tp: plan.Size, index: grp.Index, strategy: cfg.AllReduceStrategy}
+		n, err := s.rewrite(out[i])
+		if err != nil {
+			return nil, Info{}, rankErr(len(ranks), rank, err)
+		}
+		if i == 0 {
+			info = Info{Matches: n, ValidShapes: true}
+		}
+	}
+	return out, info, nil
+}
+
+// layout says how a value is split: along axis, in parts equal parts, of which the rank
+// holds the one its tp index maps to (index*parts/tp). parts 0 means whole.
+type layout struct{ axis, parts int }
+
+func (l layout) split() bool { return l.parts > 1 }
+
+func whole() layout { return layout{} }
+
+// paramKey names one slice of a param.
+type paramKey struct {
+	v          *graph.Value
+	dim, parts int
+}
+
+// sharder rebuilds one rank's graph.
+type sharder struct {
+	plan     *ShardingPlan
+	tp       int
+	index    int // this rank's position along tp
+	strategy string
+
+	g        *graph.Graph
+	m        map[*graph.Value]*graph.Value // old value -> its new value, in layout lay[old]
+	lay      map[*graph.Value]layout
+	params   map[paramKey]*graph.Value
+	gathered map[*graph.Value]*graph.Value
+	sliced   map[paramKey]*graph.Value
+	matches  int
+	scope    string
+}
+
+// rewrite rebuilds g, in place, as the sharder's rank sees it, and returns the number of
+// params sliced and collectives inserted.
+func (s *sharder) rewrite(g *graph.Graph) (int, error) {
+	old := slices.Clone(g.Nodes) // RemoveNodes clears the slice it compacts
+	outputs := g.Outputs
+	dead := make(map[*graph.Node]bool, len(old))
+	for _, n := range old {
+		dead[n] = true
+	}
+	g.RemoveNodes(dead) // frees their names for the rebuilt nodes
+	g.Nodes = nil
+	s.g = g
+	s.m = map[*graph.Value]*graph.Value{}
+	s.lay = map[*graph.Value]layout{}
+	s.params = map[paramKey]*graph.Value{}
+	s.gathered = map[*graph.Value]*graph.Value{}
+	s.sliced = map[paramKey]*graph.Value{}
+	for _, v := range g.Inputs {
+		s.m[v] = v
+	}
+	for _, n := range old {
+		if n.Op == graph.OpParam {
+			continue // emitted where read, in the slice the reader needs
+		}
+		s.scope = n.Scope
+		if err := s.node(n); err != nil {
+			return 0, fmt.Errorf("shard %s: %w", n, err)
+		}
+	}
+	g.Outputs = make([]*graph.Value, len(outputs))
+	for i, o := range outputs {
+		v, err := s.get(o, whole())
+		if err != nil {
+			return 0, fmt.Errorf("shard output %d: %w", i, err)
+		}
+		g.Outputs[i] = v
+	}
+	return s.matches, nil
+}
+
+// emit appends a node to the rebuilt graph.
+func (s *sharder) emit(op string, attrs graph.Attrs, inputs []*graph.Value, hints ...string) (*graph.Node, error) {
+	return s.g.Append(op, attrs, inputs, s.scope, hints...)
+}
+
+// param returns old param value v whole (parts 0) or cut along dim into parts, the rank's part.
+func (s *sharder) param(v *graph.Value, dim, parts int) (*graph.Value, error) {
+	k := paramKey{v: v, dim: dim, parts: parts}
+	if p, ok := s.params[k]; ok {
+		return p, nil
+	}
+	n := v.Producer
+	attrs := n.Attrs.Clone()
+	if parts > 1 {
+		attrs["slice_dim"], attrs["slice_index"], attrs["slice_count"] = dim, s.index*parts/s.tp, parts
+		s.matches++
+	}
+	prev := s.scope
+	s.scope = n.Scope
+	p, err := s.emit(graph.OpParam, attrs, nil, v.Name)
+	s.scope = prev
+	if err != nil {
+		return nil, fmt.Errorf("param %q: %w", attrs.String("key"), err)
+	}
+	s.params[k] = p.Out()
+	return p.Out(), nil
+}
+
+// get returns old value v's new value in layout want: a param read in that slice, a split
+// value all_gathered, a whole value sliced.
+func (s *sharder) get(v *graph.Value, want layout) (*graph.Value, error) {
+	if isParam(v) {
+		if !want.split() {
+			return s.param(v, 0, 0)
+		}
+		return s.param(v, want.axis, want.parts)
+	}
+	cur := s.lay[v]
+	nv, ok := s.m[v]
+	if !ok {
+		return nil, fmt.Errorf("value %s has not been rebuilt (internal error)", v)
+	}
+	switch {
+	case cur == want || !cur.split() && !want.split():
+		return nv, nil
+	case cur.split() && !want.split():
+		if g, ok := s.gathered[v]; ok {
+			return g, nil
+		}
+		if cur.parts != s.tp {
+			return nil, fmt.Errorf("%s is split in %d parts over tp=%d; it cannot be gathered whole", v, cur.parts, s.tp)
+		}
+		n, err := s.emit("all_gather", graph.Attrs{"group": TPAxis, "group_size": s.tp, "axis": cur.axis}, []*graph.Value{nv})
+		if err != nil {
+			return nil, err
+		}
+		s.matches++
+		s.gathered[v] = n.Out()
+		return n.Out(), nil
+	case !cur.split() && want.split():
+		k := paramKey{v: v, dim: want.axis, parts: want.parts}
+		if sl, ok := s.sliced[k]; ok {
+			return sl, nil
+		}
+		d := nv.Type.Shape[want.axis]
+		if d.IsSym() || d.Size%want.parts != 0 {
+			return nil, fmt.Errorf("%s cannot be sliced in %d parts along axis %d", nv, want.parts, want.axis)
+		}
+		part := d.Size / want.parts
+		i := s.index * want.parts / s.tp
+		n, err := s.emit("slice", graph.Attrs{"axis": want.axis, "start": i * part, "end": (i + 1) * part}, []*graph.Value{nv})
+		if err != nil {
+			return nil, err
+		}
+		s.sliced[k] = n.Out()
+		return n.Out(), nil
+	}
+	return nil, fmt.Errorf("%s is split along axis %d in %d parts, wanted along axis %d in %d", v, cur.axis, cur.parts, want.axis, want.parts)
+}
+
+// wholeInputs returns every input of n whole.
+func (s *sharder) wholeInputs(n *graph.Node) ([]*graph.Value, error) {
+	ins := make([]*graph.Value, len(n.Inputs))
+	for i, in := range n.Inputs {
+		v, err := s.get(in, whole())
+		if err != nil {
+			return nil, err
+		}
+		ins[i] = v
+	}
+	return ins, nil
+}
+
+// copyNode emits n over the given new inputs with attrs and records the layouts of its
+// outputs.
+func (s *sharder) copyNode(n *graph.Node, attrs graph.Attrs, ins []*graph.Value, lays ...layout) error {
+	hints := make([]string, len(n.Outputs))
+	for i, o := range n.Outputs {
+		hints[i] = o.Name
+	}
+	nn, err := s.emit(n.Op, attrs, ins, hints...)
+	if err != nil {
+		return err
+	}
+	for i, o := range n.Outputs {
+		s.m[o] = nn.Outputs[i]
+		if i < len(lays) {
+			s.lay[o] = lays[i]
+		}
+	}
+	return nil
+}
+
+var unaryOps = map[string]bool{
+	"cast": true, "neg": true, "abs": true, "exp": true, "log": true, "sqrt": true, "rsqrt": true,
+	"reciprocal": true, "sin": true, "cos": true, "tanh": true, "sigmoid": true, "silu": true,
+}
+
+var binaryOps = map[string]bool{
+	"add": true, "sub": true, "mul": true, "div": true, "pow": true, "maximum": true, "minimum": true, "swiglu": true,
+}
+
+// node rebuilds one node of the old graph.
+func (s *sharder) node(n *graph.Node) error {
+	attrs := n.Attrs.Clone()
+	switch {
+	case n.Op == "linear":
+		return s.linear(n)
+	case unaryOps[n.Op]:
+		in, err := s.get(n.Inputs[0], s.lay[n.Inputs[0]])
+		if err != nil {
+			return err
+		}
+		return s.copyNode(n, attrs, []*graph.Value{in}, s.lay[n.Inputs[0]])
+	case binaryOps[n.Op]:
+		if ok, err := s.elementwise(n); ok || err != nil {
+			return err
+		}
+	case n.Op == "transpose":
+		l := s.lay[n.Inputs[0]]
+		if l.split() {
+			perm := attrs.Ints("perm")
+			for j, p := range perm {
+				if p == l.axis {
+					l.axis = j
+					break
+				}
+			}
+		}
+		in, err := s.get(n.Inputs[0], s.lay[n.Inputs[0]])
+		if err != nil {
+			return err
+		}
+		return s.copyNode(n, attrs, []*graph.Value{in}, l)
+	case n.Op == "reshape":
+		if ok, err := s.reshape(n); ok || err != nil {
+			return err
+		}
+	case n.Op == "rmsnorm" || n.Op == "repeat_kv":
+		l := s.lay[n.Inputs[0]]
+		rank := len(n.Inputs[0].Type.Shape)
+		if l.split() && l.axis != rank-1 && (n.Op == "rmsnorm" || l.axis == 1) {
+			ins := []*graph.Value{s.m[n.Inputs[0]]}
+			for _, w := range n.Inputs[1:] {
+				v, err := s.get(w, whole())
+				if err != nil {
+					return err
+				}
+				ins = append(ins, v)
+			}
+			return s.copyNode(n, attrs, ins, l)
+		}
+	case n.Op == "rope":
+		q, k := s.lay[n.Inputs[0]], s.lay[n.Inputs[1]]
+		if (!q.split() || q.axis == 1) && (!k.split() || k.axis == 1) {
+			pos, err := s.get(n.Inputs[2], whole())
+			if err != nil {
+				return err
+			}
+			return s.copyNode(n, attrs, []*graph.Value{s.m[n.Inputs[0]], s.m[n.Inputs[1]], pos}, q, k)
+		}
+	case n.Op == "sdpa":
+		q, k, v := s.lay[n.Inputs[0]], s.lay[n.Inputs[1]], s.lay[n.Inputs[2]]
+		if q.split() && q.axis == 1 && k == v && k.split() && k.axis == 1 {
+			pos, err := s.get(n.Inputs[3], whole())
+			if err != nil {
+				return err
+			}
+			return s.copyNode(n, attrs, []*graph.Value{s.m[n.Inputs[0]], s.m[n.Inputs[1]], s.m[n.Inputs[2]], pos}, q)
+		}
+	}
+	ins, err := s.wholeInputs(n)
+	if err != nil {
+		return err
+	}
+	return s.copyNode(n, attrs, ins)
+}
+
+// plannedShard returns the plan for linear n's weight, or replicate.
+func (s *sharder) plannedShard(n *graph.Node) WeightShard {
+	if !isParam(n.Inputs[1]) {
+		return WeightShard{Kind: ShardReplicate}
+	}
+	return s.plan.Weights[n.Inputs[1].Producer.Attrs.String("key")]
+}
+
+// linear rebuilds a linear as the plan splits its weight.
+func (s *sharder) linear(n *graph.Node) error {
+	w := s.plannedShard(n)
+	last := len(n.Out().Type.Shape) - 1
+	switch w.Kind {
+	case ShardColwise, ShardGather:
+		x, err := s.get(n.Inputs[0], whole())
+		if err != nil {
+			return err
+		}
+		wv, err := s.param(n.Inputs[1], 0, w.Parts)
+		if err != nil {
+			return err
+		}
+		if err := s.copyNode(n, n.Attrs.Clone(), []*graph.Value{x, wv}, layout{last, w.Parts}); err != nil {
+			return err
+		}
+		if w.Kind == ShardGather {
+			g, err := s.get(n.Out(), whole())
+			if err != nil {
+				return err
+			}
+			s.m[n.Out()], s.lay[n.Out()] = g, whole()
+		}
+		return nil
+	case ShardRowwise:
+		xin := n.Inputs[0]
+		x, err := s.get(xin, layout{len(xin.Type.Shape) - 1, s.tp})
+		if err != nil {
+			return err
+		}
+		wv, err := s.param(n.Inputs[1], 1, s.tp)
+		if err != nil {
+			return err
+		}
+		if err := s.copyNode(n, n.Attrs.Clone(), []*graph.Value{x, wv}); err != nil {
+			return err
+		}
+		r, err := s.emit("all_reduce", graph.Attrs{"group": TPAxis, "group_size": s.tp, "strategy": s.strategy}, []*graph.Value{s.m[n.Out()]})
+		if err != nil {
+			return err
+		}
+		s.matches++
+		s.m[n.Out()], s.lay[n.Out()] = r.Out(), whole()
+		return nil
+	}
+	ins, err := s.wholeInputs(n)
+	if err != nil {
+		return err
+	}
+	return s.copyNode(n, n.Attrs.Clone(), ins)
+}
+
+// elementwise rebuilds a broadcasting binary op with a split input: the other inputs are
+// brought to the same split (a bias param read in its slice, a whole value sliced) unless
+// they broadcast along the split axis. It reports false when the op must run whole.
+func (s *sharder) elementwise(n *graph.Node) (bool, error) {
+	rank := len(n.Out().Type.Shape)
+	var target layout
+	for _, in := range n.Inputs {
+		l := s.lay[in]
+		if !l.split() {
+			continue
+		}
+		l.axis += rank - len(in.Type.Shape)
+		if target.split() && target != l {
+			return false, nil
+		}
+		target = l
+	}
+	if !target.split() {
+		return false, nil
+	}
+	ins := make([]*graph.Value, len(n.Inputs))
+	for i, in := range n.Inputs {
+		ax := target.axis - (rank - len(in.Type.Shape))
+		if ax < 0 || in.Type.Shape[ax] == graph.D(1) {
+			v, err := s.get(in, whole()) // broadcasts along the split axis
+			if err != nil {
+				return false, err
+			}
+			ins[i] = v
+			continue
+		}
+		v, err := s.get(in, layout{ax, target.parts})
+		if err != nil {
+			return false, err
+		}
+		ins[i] = v
+	}
+	return true, s.copyNode(n, n.Attrs.Clone(), ins, target)
+}
+
+// reshape rebuilds a reshape of a split value when the split carries over: the dimensions
+// before the split axis are kept, and the split axis of the result divides into the parts.
+// [B,S,H*D] split on features becomes [B,S,H/p,D] split on heads, and back.
+func (s *sharder) reshape(n *graph.Node) (bool, error) {
+	in := n.Inputs[0]
+	l := s.lay[in]
+	if !l.split() {
+		return false, nil
+	}
+	from, to := in.Type.Shape, n.Attrs.Shape("shape")
+	a := l.axis
+	if a >= len(to) || !from[:a].Equal(to[:a]) || to[a].IsSym() || to[a].Size%l.parts != 0 {
+		return false, nil
+	}
+	for _, d := range append(from[a:].Clone(), to[a:]...) {
+		if d.IsSym() {
+			return false, nil
+		}
+	}
+	local := to.Clone()
+	local[a] = graph.D(to[a].Size / l.parts)
+	attrs := n.Attrs.Clone()
+	attrs["shape"] = local
+	return true, s.copyNode(n, attrs, []*graph.Value{s.m[in]}, l)
+}
