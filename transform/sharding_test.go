@@ -335,3 +335,57 @@ func TestShardedEqualsSingleRank(t *testing.T) {
 		})
 	}
 }
+
+// TestCollectiveRewritesEqual holds rewrite_all_gather_as_all_reduce, fuse_linear_allreduce
+// and fuse_allreduce_residual_rmsnorm, each on its own, to the graph without them: every
+// rank's logits must be equal. tiny-gqa6 at tp=4 gathers its attention outputs (the
+// fallback), so every rank's position in the group is rewritten.
+func TestCollectiveRewritesEqual(t *testing.T) {
+	off := func(names ...string) []string {
+		var sets []string
+		for _, n := range names {
+			sets = append(sets, "transforms."+n+".enabled=false")
+		}
+		return sets
+	}
+	const rewrite, fuseLinear, fuseNorm = "rewrite_all_gather_as_all_reduce", "fuse_linear_allreduce", "fuse_allreduce_residual_rmsnorm"
+	for _, c := range []struct{ fixture, mesh string }{{"tiny-llama", "tp=2"}, {"tiny-gqa6", "tp=4"}, {"tiny-qwen2", "tp=2,dp=2"}} {
+		t.Run(c.fixture+"/"+c.mesh, func(t *testing.T) {
+			m, plain := openFixture(t, c.fixture)
+			base := ranksOf(t, m, plain, c.mesh, off(fuseLinear, fuseNorm)...)
+			want := runRanks(t, m, base, c.mesh, func(int) []int32 { return testIDs })
+			for _, v := range []struct {
+				name   string
+				sets   []string
+				op     string // an op the variant must produce
+				absent string // an op it must leave none of
+			}{
+				{rewrite, append(off(fuseLinear, fuseNorm), "transforms."+rewrite+".enabled=true"), "all_reduce", "all_gather"},
+				{fuseLinear, off(fuseNorm), "linear_all_reduce", "all_reduce"},
+				{fuseNorm, off(fuseLinear), "all_reduce_add_rmsnorm", "all_reduce"},
+			} {
+				t.Run(v.name, func(t *testing.T) {
+					graphs := ranksOf(t, m, plain, c.mesh, v.sets...)
+					for r, g := range graphs {
+						ops := map[string]int{}
+						for _, n := range g.Nodes {
+							ops[n.Op]++
+						}
+						if ops[v.op] == 0 || ops[v.absent] != 0 {
+							t.Errorf("rank %d: %d %s and %d %s nodes, want some and none", r, ops[v.op], v.op, ops[v.absent], v.absent)
+						}
+						if err := graph.CheckFusedCollectives(g); err != nil {
+							t.Errorf("rank %d: %v", r, err)
+						}
+					}
+					got := runRanks(t, m, graphs, c.mesh, func(int) []int32 { return testIDs })
+					for r := range got {
+						if d, at := maxAbsDiff(got[r], want[r]); d != 0 {
+							t.Errorf("rank %d: logits differ from the graph without %s by %.2e at %d", r, v.name, d, at)
+						}
+					}
+				})
+			}
+		})
+	}
+}
