@@ -4,8 +4,10 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
 .PHONY: build test lint bench gpu-test fuzz
 
+# GOEXPERIMENT=simd turns on the AVX2/FMA kernels of backend/cpu (Go 1.26 simd/archsimd);
+# without it the portable kernels run.
 build:
-	CGO_ENABLED=0 $(GO) build -o loom ./cmd/loom
+	CGO_ENABLED=0 GOEXPERIMENT=simd $(GO) build -o loom ./cmd/loom
 
 test:
 	$(GO) test ./...
@@ -17,7 +19,7 @@ lint:
 	$(STATICCHECK) ./...
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench . -benchmem ./...
 
 # GPU tests skip themselves where no GPU is found; run this target on a machine with one.
 gpu-test:
