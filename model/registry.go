@@ -40,7 +40,8 @@ type Architecture struct {
 // pattern maps to one of the TP* values. A pattern matches a weight's checkpoint name, or
 // that name without its ".weight" suffix (the module); '*' matches any run of characters
 // other than '.', so "model.layers.*.mlp.down_proj" names every layer's down projection.
-// Where several patterns match, the one with the most literal characters wins.
+// Where several patterns match, the most specific wins: the one with the fewest wildcards,
+// then the most literal characters.
 //
 // Entries concern the linears that read a weight (its matrix products); an embedding lookup
 // is always replicated, so an entry on the embedding table applies only to a linear that
