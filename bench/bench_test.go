@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -146,6 +147,9 @@ func sseServer(t *testing.T, pieces int, status int) (*httptest.Server, *[]map[s
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
+		if chat {
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n")
+		}
 		for i := range pieces {
 			if chat {
 				fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"w%d \"}}]}\n\n", i)
@@ -155,6 +159,7 @@ func sseServer(t *testing.T, pieces int, status int) (*httptest.Server, *[]map[s
 			w.(http.Flusher).Flush()
 			time.Sleep(time.Millisecond)
 		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"\",\"delta\":{},\"finish_reason\":\"length\"}]}\n\n")
 		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", pieces)
 	}))
 	t.Cleanup(srv.Close)
@@ -294,7 +299,7 @@ func TestSynthetic(t *testing.T) {
 }
 
 func TestReports(t *testing.T) {
-	cur := &Result{Target: "t", Requests: 10, RequestsPerSec: 2, OutputTokensPerSec: 100, TTFT: Dist{10, 10, 20, 30}, Latency: Dist{100, 90, 150, 200}}
+	cur := &Result{Target: "t", Requests: 10, RequestsPerSec: 2, OutputTokensPerSec: 100, TTFT: Dist{10, 10, 20, 30}, Latency: Dist{100, 90, 150, 200}, ITL: Dist{1, 1, 1, 1}}
 	base := &Result{Target: "t", Requests: 10, RequestsPerSec: 1, OutputTokensPerSec: 100, TTFT: Dist{20, 20, 20, 30}, Latency: Dist{100, 90, 150, 100}}
 	var buf bytes.Buffer
 	if err := cur.WriteTable(&buf); err != nil {
@@ -326,5 +331,8 @@ func TestReports(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("comparison lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "NaN") || !regexp.MustCompile(`itl mean \(ms\) +1\.00 +0\.00 +- `).MatchString(out) {
+		t.Errorf("a figure missing from the baseline should show -:\n%s", out)
 	}
 }

@@ -80,8 +80,10 @@ type streamChunk struct {
 	Choices []struct {
 		Text  string `json:"text"`
 		Delta struct {
+			Role    string `json:"role"`
 			Content string `json:"content"`
 		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
@@ -177,7 +179,10 @@ func (o *OpenAI) Do(ctx context.Context, r Request) (s Sample) {
 				if c.Usage != nil {
 					s.PromptTokens, s.OutputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
 				}
-				if len(c.Choices) > 0 && c.Choices[0].Text+c.Choices[0].Delta.Content != "" {
+				// A chunk with text, or an unfinished choice (a token whose text is held
+				// back), is a token's arrival; a bare closing chunk or the chat stream's
+				// opening chunk (the role alone) is not.
+				if ch := c.Choices; len(ch) > 0 && (ch[0].Text+ch[0].Delta.Content != "" || ch[0].FinishReason == nil && ch[0].Delta.Role == "") {
 					now := time.Now()
 					if last.IsZero() {
 						s.TTFT = now.Sub(start)

@@ -107,7 +107,11 @@ func WriteComparison(w io.Writer, r, base *Result) error {
 		case ratio < 0.98 && f.HigherIsBetter, ratio > 1.02 && !f.HigherIsBetter:
 			verdict = "worse"
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.3fx\t%s\t\n", f.Name, f.Current, f.Before, ratio, verdict)
+		r := "-"
+		if !math.IsNaN(ratio) {
+			r = fmt.Sprintf("%.3fx", ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%s\t%s\t\n", f.Name, f.Current, f.Before, r, verdict)
 	}
 	return tw.Flush()
 }

@@ -61,7 +61,11 @@ func (f *fakeEngine) generate(ctx context.Context, req engine.Request, need int,
 		f.mu.Lock()
 		f.cancelled++
 		f.mu.Unlock()
-		ch <- engine.Event{Finish: engine.FinishCancelled}
+		// Like the real engine, never wait for a reader that may be gone.
+		select {
+		case ch <- engine.Event{Finish: engine.FinishCancelled}:
+		default:
+		}
 	}
 	if gate != nil {
 		select {

@@ -140,14 +140,18 @@ func (gen *generation) run(emit func(piece) error) (res result, err error) {
 		held []genToken // tokens whose text has not been emitted yet
 		last time.Time
 	)
-	// send emits text with the tokens held so far; tokens whose text is still held back
-	// wait for it, unless this is the last piece.
+	// send emits a piece for every generated token, so that streaming clients see each
+	// token arrive even when its text is still held back (an incomplete character, or the
+	// possible start of a stop string). Log-probabilities wait for their token's text; at
+	// the end everything left goes out.
 	send := func(text string, final bool) error {
-		if text == "" && (!final || len(held) == 0) {
+		p := piece{text: text}
+		if text != "" || final {
+			p.tokens, held = held, nil
+		}
+		if final && text == "" && len(p.tokens) == 0 {
 			return nil
 		}
-		p := piece{text: text, tokens: held}
-		held = nil
 		if err := emit(p); err != nil {
 			return fmt.Errorf("%w: %v", errClientGone, err)
 		}

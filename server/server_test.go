@@ -134,9 +134,18 @@ func TestCompletions(t *testing.T) {
 			if tc.stream {
 				params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 				st := env.client.Completions.NewStreaming(ctxT(t), params)
+				tokenChunks := 0
+				defer func() {
+					if tokenChunks != int(tc.maxTokens) {
+						t.Errorf("%d chunks before the last, want one per token (%d)", tokenChunks, tc.maxTokens)
+					}
+				}()
 				for st.Next() {
 					c := st.Current()
 					if len(c.Choices) > 0 {
+						if c.Choices[0].FinishReason == "" {
+							tokenChunks++
+						}
 						text += c.Choices[0].Text
 						if c.Choices[0].FinishReason != "" {
 							finish = string(c.Choices[0].FinishReason)

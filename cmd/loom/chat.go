@@ -208,10 +208,8 @@ func (c *chatSession) turn(ctx context.Context, text string) error {
 			return fmt.Errorf("generate: %w", ev.Err)
 		}
 		if ev.Finish != engine.FinishStop {
-			piece, err := dec.Next(ev.Token)
-			if err != nil {
-				return err
-			}
+			// A token outside the tokenizer's vocabulary (the model's may be larger) has no text.
+			piece, _ := dec.Next(ev.Token)
 			if err := write(piece); err != nil {
 				return err
 			}

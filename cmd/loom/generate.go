@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,15 +112,21 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 	return cmd
 }
 
-// printText prints the text of ids up to the first end-of-sequence id, special tokens left out.
+// printText prints the text of ids up to the first end-of-sequence id, special tokens left
+// out. Ids the tokenizer does not know (a model's vocabulary may be larger) are skipped.
 func printText(w io.Writer, tok *tokenizer.Tokenizer, ids, eos []int) error {
-	for i, id := range ids {
+	var known []int
+	for _, id := range ids {
 		if slices.Contains(eos, id) {
-			ids = ids[:i]
 			break
 		}
+		if _, ok := tok.IDToken(id); !ok {
+			slog.Warn("generated token id not in the tokenizer's vocabulary; left out of the text", "id", id)
+			continue
+		}
+		known = append(known, id)
 	}
-	text, err := tok.Decode(ids, true)
+	text, err := tok.Decode(known, true)
 	if err != nil {
 		return err
 	}
