@@ -462,10 +462,8 @@ func (e *Engine) step(plan []stepSeq) {
 	}
 	var results []result
 	tokens, sampled := 0, 0
-	row := 0
 	for i, p := range plan {
 		s := seqs[i]
-		row += p.n
 		tokens += p.n
 		if err != nil {
 			results = append(results, result{s, Event{Finish: FinishError, Err: fmt.Errorf("step: %w", err)}, FinishError})
@@ -475,8 +473,7 @@ func (e *Engine) step(plan []stepSeq) {
 		if s.computed < len(s.tokens) {
 			continue // a prefill chunk; the prompt goes on at a later step
 		}
-		V := e.layout.Vocab
-		r, serr := s.sampler.Sample(logits[(row-1)*V : row*V])
+		r, serr := s.sampler.Sample(logits[i])
 		if serr != nil {
 			results = append(results, result{s, Event{Finish: FinishError, Err: fmt.Errorf("sample: %w", serr)}, FinishError})
 			continue
@@ -517,16 +514,16 @@ func (e *Engine) step(plan []stepSeq) {
 		"kv_blocks_used", e.alloc.Stats().Used, "elapsed", time.Since(start), "error", err)
 }
 
-// runStep builds the step's inputs and runs every rank; it returns rank 0's logits, flat
-// [S*vocab]. Only the last row of each sequence is read: computing the LM head for those rows
-// alone would need a gather before the final norm in the graph (not done yet).
-func (e *Engine) runStep(plan []stepSeq) (logits []float32, err error) {
+// runStep builds the step's inputs and runs every rank; it returns rank 0's logits of each
+// sequence's last token in the step, one row [vocab] per plan entry. With gather_logits in
+// the graph only those rows are computed; otherwise they are taken from the full [1,S,vocab].
+func (e *Engine) runStep(plan []stepSeq) (rows [][]float32, err error) {
 	defer func() {
 		if p := recover(); p != nil { // a kernel bug must not take the engine down
-			logits, err = nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
+			rows, err = nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
 		}
 	}()
-	in, err := stepInputs(e.alloc, plan)
+	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
 	if err != nil {
 		return nil, err
 	}
@@ -537,11 +534,24 @@ func (e *Engine) runStep(plan []stepSeq) (logits []float32, err error) {
 		}
 		return nil, err
 	}
-	S := in["input_ids"].Shape[1]
-	if out.Shape[0] != 1 || out.Shape[1] != S || out.Shape[2] != e.layout.Vocab {
-		return nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, S, e.layout.Vocab)
+	V, want := e.layout.Vocab, in["input_ids"].Shape[1]
+	if e.layout.LogitRows {
+		want = len(plan)
 	}
-	return out.F32, nil
+	if out.Shape[0] != 1 || out.Shape[1] != want || out.Shape[2] != V {
+		return nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, want, V)
+	}
+	rows = make([][]float32, len(plan))
+	end := 0
+	for i, p := range plan {
+		end += p.n
+		row := end - 1
+		if e.layout.LogitRows {
+			row = i
+		}
+		rows[i] = out.F32[row*V : (row+1)*V]
+	}
+	return rows, nil
 }
 
 // byID finds a running sequence; the caller holds e.mu.

@@ -184,7 +184,7 @@ func TestCachedEqualsRecompute(t *testing.T) {
 					}
 					plan = append(plan, stepSeq{seq: id, tokens: seqs[i], from: done[i], n: k})
 				}
-				in, err := stepInputs(alloc, plan)
+				in, err := stepInputs(alloc, plan, e.layout.LogitRows)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -194,7 +194,7 @@ func TestCachedEqualsRecompute(t *testing.T) {
 				}
 				V := out.Shape[2]
 				var lasts [][]float32
-				row := 0
+				row, entry := 0, 0
 				for i, k := range n {
 					if k == 0 {
 						lasts = append(lasts, nil)
@@ -202,7 +202,12 @@ func TestCachedEqualsRecompute(t *testing.T) {
 					}
 					row += k
 					done[i] += k
-					lasts = append(lasts, out.F32[(row-1)*V:row*V])
+					r := row - 1
+					if e.layout.LogitRows { // gather_logits: one row per plan entry
+						r = entry
+					}
+					entry++
+					lasts = append(lasts, out.F32[r*V:(r+1)*V])
 				}
 				return lasts
 			}

@@ -101,9 +101,11 @@ func lastLogits(ctx context.Context, exe Executable, seq []int) ([]float32, erro
 	if len(outs) == 0 || len(outs[0].Shape) != 3 {
 		return nil, fmt.Errorf("model returned no [B,S,vocab] logits")
 	}
-	vocab := outs[0].Shape[2]
+	// The last row: position len(seq)-1 of [1,S,vocab], or the one row of [1,1,vocab] that
+	// gather_logits leaves.
+	vocab, rows := outs[0].Shape[2], outs[0].Shape[1]
 	all := outs[0].Float32s()
-	return append([]float32(nil), all[(len(seq)-1)*vocab:len(seq)*vocab]...), nil
+	return append([]float32(nil), all[(rows-1)*vocab:rows*vocab]...), nil
 }
 
 // recomputeInputs are the inputs of a graph on the paged KV cache that run seq as one
@@ -125,7 +127,7 @@ func recomputeInputs(g *graph.Graph, seq []int) (map[string]*tensor.Tensor, erro
 	if err != nil {
 		return nil, err
 	}
-	in, err := stepInputs(alloc, []stepSeq{{seq: 0, tokens: seq, from: 0, n: len(seq)}})
+	in, err := stepInputs(alloc, []stepSeq{{seq: 0, tokens: seq, from: 0, n: len(seq)}}, layout.LogitRows)
 	if err != nil {
 		return nil, err
 	}

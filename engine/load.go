@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
 	_ "github.com/loom-ml/loom/model/all" // register every frontend
@@ -25,6 +26,10 @@ type LoadOptions struct {
 	Optimize bool
 	// Transforms configures the pipeline: extra YAML files, --set overrides, dumps, checks.
 	Transforms transform.Flags
+	// Mesh is the deployment's ranks, such as tp=2 or tp=2,dp=2 (see MeshFor); the zero Mesh
+	// is one rank. On the CPU the ranks are goroutines of this process that talk through
+	// dist/local. More than one rank needs Optimize: sharding is a transform.
+	Mesh dist.Mesh
 }
 
 // Model is a loaded checkpoint with its graph and executable.
@@ -34,11 +39,27 @@ type Model struct {
 	Graph *graph.Graph
 	// Transforms holds the optimizer's per-transform results (nil without an optimizer).
 	Transforms []transform.Result
-	Program    *cpu.Program
+	// Program is rank 0's executable (the only one on one rank).
+	Program *cpu.Program
+	// Mesh, Graphs and Programs describe a deployment on several ranks (see LoadOptions.Mesh):
+	// one graph and one program per rank, in rank order. Nil on one rank.
+	Mesh     dist.Mesh
+	Graphs   []*graph.Graph
+	Programs []*cpu.Program
 }
 
-// Ranks returns the model's ranks for NewRanks: one, the whole graph on the CPU.
-func (m *Model) Ranks() []Rank { return []Rank{{Graph: m.Graph, Exe: m.Program}} }
+// Ranks returns the model's ranks for NewRanks: one per rank of the mesh, or the whole graph
+// on the CPU.
+func (m *Model) Ranks() []Rank {
+	if len(m.Programs) > 1 {
+		ranks := make([]Rank, len(m.Programs))
+		for r, p := range m.Programs {
+			ranks[r] = Rank{Graph: m.Graphs[r], Exe: p}
+		}
+		return ranks
+	}
+	return []Rank{{Graph: m.Graph, Exe: m.Program}}
+}
 
 // Load opens the checkpoint in dir, builds its graph and compiles it for the CPU.
 func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
@@ -56,10 +77,16 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 		m.Close()
 		return nil, err
 	}
+	if opts.Mesh.Size() > 1 {
+		return loadRanks(ctx, m, g, dir, opts, start)
+	}
 	var results []transform.Result
 	if opts.Optimize {
 		flags := opts.Transforms
-		flags.Sets = append([]string{"transforms." + transform.InsertCachedAttention.Name + ".enabled=true"}, flags.Sets...)
+		flags.Sets = append([]string{
+			"transforms." + transform.InsertCachedAttention.Name + ".enabled=true",
+			"transforms." + transform.GatherLogits.Name + ".enabled=true",
+		}, flags.Sets...)
 		g, results, err = Optimize(ctx, &flags, m, g)
 		if err != nil {
 			m.Close()

@@ -26,8 +26,12 @@ type Rank struct {
 type Layout struct {
 	// Cache describes the cache inputs kv_cache.<layer>.k/.v, each [NB,BlockSize,KV,D].
 	Cache kvcache.Spec
-	// Vocab is the last dimension of the logits output f32[1,S,Vocab].
+	// Vocab is the last dimension of the logits output: f32[1,S,Vocab], or f32[1,N,Vocab]
+	// with LogitRows.
 	Vocab int
+	// LogitRows is set when the graph has the input logit_rows (gather_logits) and returns
+	// the logits of each sequence's last token only.
+	LogitRows bool
 }
 
 // CacheLayout reads the cache inputs and the logits output of a graph that went through
@@ -78,6 +82,7 @@ func CacheLayout(g *graph.Graph) (Layout, error) {
 		return l, fmt.Errorf("graph %s: the first output must be logits f32[B,S,vocab], got %s", g.Name, lt)
 	}
 	l.Vocab = lt.Shape[2].Size
+	l.LogitRows = g.Input(transform.LogitRowsInput) != nil
 	return l, nil
 }
 
@@ -96,9 +101,10 @@ type stepSeq struct {
 //	slot_mapping          i32[S]    the cache slot each token's k and v go to
 //	token_seq             i32[S]    each token's row of block_tables
 //	block_tables          i32[N,M]  each sequence's blocks, padded with -1 to the longest
+//	logit_rows            i32[N]    each sequence's last token (only when withRows is set)
 //
 // Every sequence must already own blocks for its tokens (kvcache.Allocator.Reserve).
-func stepInputs(alloc *kvcache.Allocator, seqs []stepSeq) (map[string]*tensor.Tensor, error) {
+func stepInputs(alloc *kvcache.Allocator, seqs []stepSeq, withRows bool) (map[string]*tensor.Tensor, error) {
 	S := 0
 	for _, s := range seqs {
 		S += s.n
@@ -126,13 +132,22 @@ func stepInputs(alloc *kvcache.Allocator, seqs []stepSeq) (map[string]*tensor.Te
 			flat = append(flat, -1)
 		}
 	}
-	return map[string]*tensor.Tensor{
+	in := map[string]*tensor.Tensor{
 		"input_ids":                tensor.FromI32(ids, 1, S),
 		"positions":                tensor.FromI32(pos, 1, S),
 		transform.SlotMappingInput: tensor.FromI32(slots, S),
 		transform.TokenSeqInput:    tensor.FromI32(owner, S),
 		transform.BlockTablesInput: tensor.FromI32(flat, len(seqs), M),
-	}, nil
+	}
+	if withRows {
+		rows, end := make([]int32, len(seqs)), 0
+		for i, s := range seqs {
+			end += s.n
+			rows[i] = int32(end - 1)
+		}
+		in[transform.LogitRowsInput] = tensor.FromI32(rows, len(seqs))
+	}
+	return in, nil
 }
 
 // rankSet runs the ranks of a deployment together, each with its own KV cache.

@@ -161,3 +161,23 @@ func init() {
 		},
 	})
 }
+
+func init() {
+	Register(&OpSpec{
+		Name: "gather", Doc: "Selects entries of x along one axis by integer indices: out = x[..., indices, ...], with indices' shape in place of that axis. An index outside the axis is an error.",
+		Inputs: []string{"x", "indices"},
+		Attrs:  []AttrSpec{{Name: "axis", Type: AttrInt}},
+		Infer: func(n *Node) ([]Type, error) {
+			x, idx := inType(n, 0), inType(n, 1)
+			if !idx.DType.IsInt() {
+				return nil, fmt.Errorf("indices must be integers, got %s", idx.DType)
+			}
+			ax, err := normAxis(n.Attrs.Int("axis"), len(x.Shape))
+			if err != nil {
+				return nil, err
+			}
+			out := append(append(x.Shape[:ax:ax].Clone(), idx.Shape...), x.Shape[ax+1:]...)
+			return one(Type{x.DType, out}), nil
+		},
+	})
+}

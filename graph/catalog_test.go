@@ -160,6 +160,10 @@ func inferCases() []inferCase {
 		inferCase{op: "transpose", in: []Type{ty(f32t, 2, 3)}, attrs: Attrs{"perm": []int{1, 2}}, err: "is not a permutation"},
 		inferCase{op: "transpose", in: []Type{ty(f32t, 2, 3)}, attrs: Attrs{"perm": []int{1, 0, 2}}, err: "perm [1 0 2] has 3 entries for rank 2"},
 
+		inferCase{op: "gather", in: []Type{ty(f32t, 1, "S", 64), ty(i32, "N")}, attrs: Attrs{"axis": 1}, want: []Type{ty(f32t, 1, "N", 64)}},
+		inferCase{op: "gather", in: []Type{ty(f32t, 1, "S", 64), ty(i32, 2, 3)}, attrs: Attrs{"axis": -1}, want: []Type{ty(f32t, 1, "S", 2, 3)}},
+		inferCase{op: "gather", in: []Type{ty(f32t, 1, "S", 64), ty(f32t, "N")}, attrs: Attrs{"axis": 1}, err: "indices must be integers, got f32"},
+		inferCase{op: "gather", in: []Type{ty(f32t, 1, "S", 64), ty(i32, "N")}, attrs: Attrs{"axis": 3}, err: "axis 3 out of range for rank 3"},
 		inferCase{op: "slice", in: []Type{ty(f32t, "B", 10)}, attrs: Attrs{"axis": -1, "start": 1, "end": 10, "step": 3}, want: []Type{ty(f32t, "B", 3)}},
 		inferCase{op: "slice", in: []Type{ty(f32t, 10)}, attrs: Attrs{"axis": 0, "start": 4, "end": 4}, want: []Type{ty(f32t, 0)}},
 		inferCase{op: "slice", in: []Type{ty(f32t, 10)}, attrs: Attrs{"axis": 0, "start": 0, "end": 10, "step": math.MaxInt}, want: []Type{ty(f32t, 1)}},
