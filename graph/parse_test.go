@@ -138,7 +138,7 @@ func buildEverything() (*Graph, error) {
 	b.SetScope("shape")
 	s := b.Reduce("sum", a, false, 1)                                         // [B]
 	mx := b.Reduce("max", a, true, 0, 1)                                      // [1,1]
-	_ = b.Op("gather", Attrs{"axis": 1}, a, b.Iota(tensor.I32, Dims(2), 0)) // [B,2]
+	_ = b.Op("gather", Attrs{"axis": 1}, a, b.Iota(tensor.I32, Dims(2), 0))   // [B,2]
 	sl := b.Op("slice", Attrs{"axis": 1, "start": 1, "end": 6, "step": 2}, a) // [B,3]
 	parts := b.Split(a, 1, 1, 2, 3)
 	cat := b.Concat(1, parts[2], parts[0], parts[1], sl) // [B,9]
