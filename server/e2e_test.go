@@ -248,6 +248,16 @@ func TestEngineDisconnectFreesKVBlocks(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "max_tokens" {
 		t.Errorf("request larger than the KV cache: got %v, want 400 naming max_tokens", err)
 	}
+	// Without max_tokens, a chat request generates what the cache can hold.
+	c, err := small.client.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{
+		Model: "tiny-llama", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total := c.Usage.PromptTokens + c.Usage.CompletionTokens; total != 2*16+1 || c.Choices[0].FinishReason != "length" {
+		t.Errorf("usage %+v (%s), want prompt and completion filling the 2 blocks of 16 tokens, plus the last token", c.Usage, c.Choices[0].FinishReason)
+	}
 }
 
 // TestEngineBadRequests checks the 400s that depend on the real model and that the server

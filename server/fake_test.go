@@ -26,6 +26,7 @@ type fakeEngine struct {
 	cancelled int
 	shutdown  bool
 	gate      chan struct{} // when set, generation waits for it to close
+	submitErr error         // when set, Submit fails with it
 	wg        sync.WaitGroup
 }
 
@@ -34,6 +35,9 @@ func (f *fakeEngine) Submit(ctx context.Context, req engine.Request) (Stream, er
 	defer f.mu.Unlock()
 	if f.shutdown {
 		return nil, errors.New("engine shut down")
+	}
+	if f.submitErr != nil {
+		return nil, f.submitErr
 	}
 	need := (len(req.Prompt) + req.MaxTokens + f.blockSize - 1) / f.blockSize
 	if f.used+need > f.blocks {

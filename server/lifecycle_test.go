@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/sample"
 )
 
@@ -291,5 +293,32 @@ func TestErrorObjectShape(t *testing.T) {
 	}
 	if _, ok := e["code"]; !ok {
 		t.Error("code should be present (null)")
+	}
+}
+
+// TestEngineRefusals maps the engine's Submit errors to HTTP answers.
+func TestEngineRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+		typ    string
+	}{
+		{fmt.Errorf("submit: %w: bad", engine.ErrInvalidRequest), 400, "invalid_request_error"},
+		{fmt.Errorf("submit: %w: 300 blocks", engine.ErrRequestTooLarge), 400, "invalid_request_error"},
+		{fmt.Errorf("submit: %w", engine.ErrKVCacheFull), 429, "rate_limit_exceeded"},
+		{fmt.Errorf("submit: %w", engine.ErrQueueFull), 429, "rate_limit_exceeded"},
+		{fmt.Errorf("submit: %w", engine.ErrClosed), 503, "service_unavailable"},
+		{errors.New("disk on fire"), 500, "server_error"},
+	} {
+		t.Run(tc.typ, func(t *testing.T) {
+			env := newEnv(t, "tiny-llama", func(_ *Config, e *fakeEngine) { e.submitErr = tc.err })
+			_, err := env.client.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{
+				Model: "tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(2),
+			})
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != tc.status || apiErr.Type != tc.typ {
+				t.Errorf("%v: got %v, want %d %s", tc.err, err, tc.status, tc.typ)
+			}
+		})
 	}
 }

@@ -243,6 +243,13 @@ func (s *Server) fitContext(g *genRequest, promptParam string, def int) error {
 	if def > 0 {
 		g.maxTokens = min(def, g.maxTokens)
 	}
+	// Without an explicit max_tokens, also stay within what the whole KV cache can hold
+	// (the keys and values of all but the last token), rather than refuse the request.
+	if st := s.eng.Stats(); st.KVBlocks > 0 && st.BlockSize > 0 {
+		if room := st.KVBlocks*st.BlockSize - n + 1; room >= 1 && room < g.maxTokens {
+			g.maxTokens = room
+		}
+	}
 	return nil
 }
 
