@@ -77,8 +77,9 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 		m.Close()
 		return nil, err
 	}
-	if opts.Mesh.Size() > 1 {
-		return loadRanks(ctx, m, g, dir, opts, start)
+	if opts.Mesh.Size() > 1 && !opts.Optimize {
+		m.Close()
+		return nil, fmt.Errorf("%s: a mesh of %d ranks (%s) needs the optimizer: sharding is a transform", dir, opts.Mesh.Size(), opts.Mesh)
 	}
 	var results []transform.Result
 	if opts.Optimize {
@@ -87,6 +88,9 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 			"transforms." + transform.InsertCachedAttention.Name + ".enabled=true",
 			"transforms." + transform.GatherLogits.Name + ".enabled=true",
 		}, flags.Sets...)
+		if opts.Mesh.Size() > 1 {
+			return loadRanks(ctx, m, g, dir, &flags, opts.Mesh, start)
+		}
 		g, results, err = Optimize(ctx, &flags, m, g)
 		if err != nil {
 			m.Close()
