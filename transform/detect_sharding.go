@@ -334,6 +334,7 @@ func DetectPlan(c *Context, g *graph.Graph, cfg DetectShardingConfig) (*Sharding
 					return nil, fmt.Errorf("tp_plan: %s", msg)
 				}
 				w = WeightShard{Kind: ShardReplicate, Source: w.Source, Note: "not split: " + msg}
+				plan.Notes = append(plan.Notes, "not split: "+msg)
 			}
 		}
 		if len(u.embeddings) > 0 && w.Kind != ShardReplicate && w.Note == "" {

@@ -18,6 +18,7 @@ func newCompileCmd() *cobra.Command {
 		output     string
 		report     bool
 		transforms transform.Flags
+		ranks      meshFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "compile",
@@ -25,7 +26,8 @@ func newCompileCmd() *cobra.Command {
 		Long: `Builds the model's plain graph, runs the transform pipeline over it (one summary line per
 transform on stderr) and writes the final graph in text form to stdout or --output.`,
 		Example: `  loom compile --model testdata/tiny-llama --dump-graphs /tmp/dump --check
-  loom compile --model testdata/tiny-llama --set transforms.fuse_gemms.enabled=false --report-candidates`,
+  loom compile --model testdata/tiny-llama --set transforms.fuse_gemms.enabled=false --report-candidates
+  loom compile --model testdata/tiny-llama --world-size 2 --dump-graphs /tmp/dump`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := model.Open(dir)
@@ -40,9 +42,16 @@ transform on stderr) and writes the final graph in text form to stdout or --outp
 			if err := m.Checkpoint.Check(g); err != nil {
 				return err
 			}
-			g, _, err = engine.Optimize(cmd.Context(), &transforms, m, g)
+			mesh, err := ranks.resolve()
 			if err != nil {
 				return err
+			}
+			graphs, _, err := engine.OptimizeRanks(cmd.Context(), &transforms, m, g, mesh)
+			if err != nil {
+				return err
+			}
+			if g = graphs[0]; len(graphs) > 1 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "rank 0 of %d (mesh %s): the graph and the dumps are rank 0's\n", len(graphs), mesh)
 			}
 			out := cmd.OutOrStdout()
 			if output != "" {
@@ -64,6 +73,7 @@ transform on stderr) and writes the final graph in text form to stdout or --outp
 	f.StringVarP(&output, "output", "o", "", "write the final graph text to this file instead of stdout")
 	f.BoolVar(&report, "report-candidates", false, "list the chains of unfused ops that repeat in the final graph, with counts and layers (on stderr)")
 	addTransformFlags(cmd, &transforms)
+	addMeshFlags(cmd, &ranks)
 	_ = cmd.MarkFlagRequired("model")
 	return cmd
 }

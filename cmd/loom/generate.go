@@ -26,6 +26,7 @@ func newGenerateCmd() *cobra.Command {
 		withLogits bool
 		noOptimize bool
 		transforms transform.Flags
+		ranks      meshFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -58,7 +59,11 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 			if maxNew < 0 {
 				return fmt.Errorf("--max-new-tokens must be >= 0, got %d", maxNew)
 			}
-			m, err := loadModel(cmd, dir, !noOptimize, transforms)
+			mesh, err := ranks.resolve()
+			if err != nil {
+				return err
+			}
+			m, err := loadOnMesh(cmd, dir, !noOptimize, transforms, mesh)
 			if err != nil {
 				return err
 			}
@@ -68,7 +73,7 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 					return fmt.Errorf("prompt: token id %d is outside the vocabulary (size %d)", id, m.Config.VocabSize)
 				}
 			}
-			res, err := engine.GreedyRecompute(cmd.Context(), m.Program, ids, maxNew)
+			res, err := engine.GreedyRecompute(cmd.Context(), m.Executable(), ids, maxNew)
 			if err != nil {
 				return err
 			}
@@ -106,6 +111,7 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 	f.BoolVar(&withLogits, "logits", false, "with --json: include the full-vocabulary logits of the last prompt position")
 	f.BoolVar(&noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline")
 	addTransformFlags(cmd, &transforms)
+	addMeshFlags(cmd, &ranks)
 	_ = cmd.MarkFlagRequired("model")
 	cmd.MarkFlagsOneRequired("prompt", "prompt-ids")
 	cmd.MarkFlagsMutuallyExclusive("prompt", "prompt-ids")

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/transform"
+)
+
+// meshFlags are --world-size and --mesh: the ranks a model is deployed on. On the CPU the
+// ranks are goroutines of this process.
+type meshFlags struct {
+	worldSize int
+	mesh      string
+}
+
+func addMeshFlags(cmd *cobra.Command, f *meshFlags) {
+	fl := cmd.Flags()
+	fl.IntVar(&f.worldSize, "world-size", 0, "number of ranks, tensor-parallel (tp=N); on the CPU, goroutines of this process")
+	fl.StringVar(&f.mesh, "mesh", "", "device mesh, innermost axis first, e.g. tp=2 or tp=2,dp=2 (its size is the world size)")
+}
+
+// resolve turns the flags into a mesh; the zero Mesh is one rank.
+func (f meshFlags) resolve() (dist.Mesh, error) {
+	m, err := engine.MeshFor(f.worldSize, f.mesh)
+	if err != nil {
+		return dist.Mesh{}, fmt.Errorf("--world-size/--mesh: %w", err)
+	}
+	return m, nil
+}
+
+// loadOnMesh loads the model in dir on mesh: loadModel on one rank, else every rank's
+// program (rank 0's executable runs them all; see engine.Model.Executable).
+func loadOnMesh(cmd *cobra.Command, dir string, optimize bool, flags transform.Flags, mesh dist.Mesh) (*engine.Model, error) {
+	if mesh.Size() <= 1 {
+		return loadModel(cmd, dir, optimize, flags)
+	}
+	return engine.Load(cmd.Context(), dir, engine.LoadOptions{Optimize: optimize, Transforms: flags, Mesh: mesh})
+}
