@@ -389,3 +389,47 @@ func TestCollectiveRewritesEqual(t *testing.T) {
 		})
 	}
 }
+
+// TestShardingVariantsEqualSingleRank runs plans other than the factory's, which take other
+// paths through sharding_executor: every linear gathered (simple_shard_only), the heuristic
+// alone, a manual plan that leaves attention whole but splits its output projection by rows
+// (the executor slices o_proj's whole input), and one that splits only the MLP.
+func TestShardingVariantsEqualSingleRank(t *testing.T) {
+	m, plain := openFixture(t, "tiny-qwen2")
+	want := runRanks(t, m, ranksOf(t, m, plain, ""), "", func(int) []int32 { return testIDs })[0]
+	for _, c := range []struct {
+		name string
+		sets []string
+	}{
+		{"simple_shard_only", []string{"transforms.detect_sharding.simple_shard_only=true"}},
+		{"heuristic", []string{"transforms.detect_sharding.sharding_source=[heuristic]"}},
+		{"o_proj rowwise on whole attention", []string{
+			"transforms.detect_sharding.sharding_source=[manual]",
+			`transforms.detect_sharding.tp_plan={"model.layers.*.self_attn.o_proj": rowwise, "model.layers.*.mlp.*_proj": replicate}`,
+		}},
+		{"mlp only", []string{
+			"transforms.detect_sharding.sharding_source=[manual]",
+			`transforms.detect_sharding.tp_plan={"model.layers.*.mlp.gate_proj": colwise, "model.layers.*.mlp.up_proj": colwise, "model.layers.*.mlp.down_proj": rowwise}`,
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, tp := range []string{"tp=2", "tp=4"} {
+				graphs := ranksOf(t, m, plain, tp, c.sets...)
+				collectives := 0
+				for _, n := range graphs[0].Nodes {
+					if spec := n.Spec(); spec != nil && spec.Collective {
+						collectives++
+					}
+				}
+				if collectives == 0 {
+					t.Errorf("%s: rank 0 has no collective: nothing was split", tp)
+				}
+				for r, logits := range runRanks(t, m, graphs, tp, func(int) []int32 { return testIDs }) {
+					if d, at := maxAbsDiff(logits, want); d > 1e-4 {
+						t.Errorf("%s rank %d: logits differ from one rank's by %.2e at %d", tp, r, d, at)
+					}
+				}
+			}
+		})
+	}
+}
