@@ -104,7 +104,7 @@ type ShardingPlan struct {
 // String lists the plan, one weight per line in key order, then the notes.
 func (p *ShardingPlan) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "mesh %s: tp=%d\n", p.Mesh, p.Size)
+	fmt.Fprintf(&sb, "tp=%d over mesh %s\n", p.Size, p.Mesh)
 	keys := make([]string, 0, len(p.Weights))
 	for k := range p.Weights {
 		keys = append(keys, k)
