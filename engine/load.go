@@ -30,6 +30,9 @@ type LoadOptions struct {
 	// is one rank. On the CPU the ranks are goroutines of this process that talk through
 	// dist/local. More than one rank needs Optimize: sharding is a transform.
 	Mesh dist.Mesh
+	// DistBackend is the communicator implementation: auto (""), local or nccl. Loom's engine
+	// runs on the CPU for now, where auto means local and nccl is an error.
+	DistBackend string
 }
 
 // Model is a loaded checkpoint with its graph and executable.
@@ -74,6 +77,10 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	if err := m.Checkpoint.Check(g); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if _, err := dist.ResolveBackend(opts.DistBackend, "cpu"); err != nil {
 		m.Close()
 		return nil, err
 	}

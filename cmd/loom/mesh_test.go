@@ -62,3 +62,14 @@ func TestCompileOnRanks(t *testing.T) {
 		t.Errorf("the sharding dump is not rank 0's sharded graph:\n%s", data)
 	}
 }
+
+func TestDistBackendFlag(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	_, _, err := run(t, "generate", "--model", dir, "--prompt-ids", "0,1", "--max-new-tokens", "1", "--world-size", "2", "--dist-backend", "nccl")
+	if err == nil || !strings.Contains(err.Error(), "needs a cuda device") {
+		t.Errorf("nccl on the CPU: error = %v, want one that says it needs a cuda device", err)
+	}
+	if _, _, err := run(t, "generate", "--model", dir, "--prompt-ids", "0,1", "--max-new-tokens", "1", "--world-size", "2", "--dist-backend", "local"); err != nil {
+		t.Errorf("local: %v", err)
+	}
+}
