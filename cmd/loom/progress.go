@@ -109,10 +109,15 @@ func (h progressHandler) WithGroup(name string) slog.Handler {
 // level hides them.
 func (h progressHandler) Enabled(context.Context, slog.Level) bool { return true }
 
-// loadModel loads and compiles the model in dir. On a terminal (stderr) it shows a progress
-// bar while it works; elsewhere it is quiet apart from the logs.
+// loadModel loads and compiles the model in dir on one rank, with loadWithProgress.
 func loadModel(cmd *cobra.Command, dir string, optimize bool, flags transform.Flags) (*engine.Model, error) {
-	opts := engine.LoadOptions{Optimize: optimize, Transforms: flags}
+	return loadWithProgress(cmd, dir, engine.LoadOptions{Optimize: optimize, Transforms: flags})
+}
+
+// loadWithProgress loads and compiles the model in dir. On a terminal (stderr) it shows a
+// progress bar while it works; elsewhere it is quiet apart from the logs.
+func loadWithProgress(cmd *cobra.Command, dir string, opts engine.LoadOptions) (*engine.Model, error) {
+	optimize, flags := opts.Optimize, opts.Transforms
 	errw := cmd.ErrOrStderr()
 	if !isTerminal(errw) {
 		return engine.Load(cmd.Context(), dir, opts)

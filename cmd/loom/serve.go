@@ -24,7 +24,7 @@ type engineFlags struct {
 	tokensPerStp int
 	kvBlocks     int
 	kvCacheBytes int64
-	worldSize    int
+	ranks        meshFlags
 	noOptimize   bool
 	transforms   transform.Flags
 }
@@ -35,17 +35,20 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 	f.IntVar(&e.tokensPerStp, "max-tokens-per-step", 0, "most tokens one step computes (0: the engine's default, 512)")
 	f.IntVar(&e.kvBlocks, "kv-blocks", 0, "KV cache blocks (0: from --kv-cache-bytes)")
 	f.Int64Var(&e.kvCacheBytes, "kv-cache-bytes", 0, "KV cache memory budget in bytes (0: max-batch full-context sequences, at most 1 GiB)")
-	f.IntVar(&e.worldSize, "world-size", 1, "number of ranks (tensor-parallel devices)")
 	f.BoolVar(&e.noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline (not servable: the engine needs the paged KV cache)")
 	addTransformFlags(cmd, &e.transforms)
+	addMeshFlags(cmd, &e.ranks)
 }
 
 // start loads the model in dir and starts an engine on it. The caller closes both.
 func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*engine.Model, *engine.Engine, error) {
-	if e.worldSize != 1 {
-		return nil, nil, fmt.Errorf("--world-size %d: the engine runs a single rank for now (the CPU backend has no multi-rank executables yet)", e.worldSize)
+	mesh, err := e.ranks.resolve()
+	if err != nil {
+		return nil, nil, err
 	}
-	m, err := loadModel(cmd, dir, !e.noOptimize, e.transforms)
+	m, err := loadWithProgress(cmd, dir, engine.LoadOptions{
+		Optimize: !e.noOptimize, Transforms: e.transforms, Mesh: mesh, DistBackend: e.ranks.distBackend,
+	})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -137,7 +137,8 @@ func TestServeFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve", "--model", dir, "--world-size", "2"}, "world-size"},
+		{[]string{"serve", "--model", dir, "--world-size", "-1"}, "world-size"},
+		{[]string{"serve", "--model", dir, "--mesh", "tp=x"}, "mesh"},
 		{[]string{"serve", "--model", dir, "--overload", "drop"}, "--overload"},
 		{[]string{"serve", "--model", dir, "--port", "70000"}, "--port"},
 		{[]string{"serve"}, "model"},
@@ -146,6 +147,37 @@ func TestServeFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestServeOnRanks serves tiny-llama on two tensor-parallel ranks (goroutines) and checks
+// that greedy text equals the single-rank server's.
+func TestServeOnRanks(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	var texts []string
+	for _, ws := range []string{"1", "2"} {
+		url, stop, wait, stderr := startServe(t, "--model", dir, "--world-size", ws)
+		if !strings.Contains(stderr.String(), "ranks="+ws) {
+			t.Errorf("world size %s: the engine did not start on %s ranks:\n%s", ws, ws, stderr.String())
+		}
+		client := openai.NewClient(option.WithBaseURL(url+"/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c, err := client.Completions.New(ctx, openai.CompletionNewParams{
+			Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{0, 56, 76, 73}}, MaxTokens: openai.Int(6),
+			Temperature: openai.Float(0),
+		}, option.WithJSONSet("ignore_eos", true))
+		cancel()
+		if err != nil {
+			t.Fatalf("world size %s: %v", ws, err)
+		}
+		texts = append(texts, c.Choices[0].Text)
+		stop()
+		if err := wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if texts[0] != texts[1] {
+		t.Errorf("one rank: %q, two ranks: %q", texts[0], texts[1])
 	}
 }
 
