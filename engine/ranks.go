@@ -159,20 +159,25 @@ func (rg *RankGroup) Run(ctx context.Context, inputs map[string]*tensor.Tensor) 
 	defer cancel()
 	outs := make([][]*tensor.Tensor, len(rg.Ranks))
 	errs := make([]error, len(rg.Ranks))
-	var wg sync.WaitGroup
-	for r, exe := range rg.Ranks {
-		in := inputs
+	// Every rank but 0 gets its own copy of the caches, made before any rank starts writing
+	// to rank 0's.
+	ins := make([]map[string]*tensor.Tensor, len(rg.Ranks))
+	for r := range rg.Ranks {
+		ins[r] = inputs
 		if r > 0 {
-			in = make(map[string]*tensor.Tensor, len(inputs))
+			ins[r] = make(map[string]*tensor.Tensor, len(inputs))
 			for k, v := range inputs {
 				if strings.HasPrefix(k, "kv_cache.") {
 					v = v.Clone() // the cache is the rank's own
 				}
-				in[k] = v
+				ins[r][k] = v
 			}
 		}
+	}
+	var wg sync.WaitGroup
+	for r, exe := range rg.Ranks {
 		wg.Go(func() {
-			if outs[r], errs[r] = exe.Run(ctx, in); errs[r] != nil {
+			if outs[r], errs[r] = exe.Run(ctx, ins[r]); errs[r] != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
 				cancel()
 			}
