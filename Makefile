@@ -21,9 +21,11 @@ lint:
 bench:
 	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench . -benchmem ./...
 
-# GPU tests skip themselves where no GPU is found; run this target on a machine with one.
+# GPU tests skip themselves where no GPU is found; this target makes a missing GPU a failure.
+# On the GPU machine (no Go there): CGO_ENABLED=0 go test -c -o .bin/cuda.test ./backend/cuda,
+# then LOOM_REQUIRE_GPU=1 .bin/cuda.test -test.v (LOOM_CUDA_TIMINGS=1 adds kernel timings).
 gpu-test:
-	LOOM_REQUIRE_GPU=1 $(GO) test -run GPU -v ./...
+	LOOM_REQUIRE_GPU=1 $(GO) test -v ./cubind/... ./backend/cuda/...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./graph/

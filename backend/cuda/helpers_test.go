@@ -57,6 +57,10 @@ func TestMain(m *testing.M) {
 	} else {
 		testDev, testDevErr = Open(0)
 	}
+	if testDevErr != nil && os.Getenv("LOOM_REQUIRE_GPU") == "1" {
+		fmt.Println("LOOM_REQUIRE_GPU=1, but no GPU can be used:", testDevErr)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if testDev != nil {
 		printSummary()
