@@ -1,7 +1,6 @@
 package cubind
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -200,6 +199,3 @@ func (b *binder) err() error {
 	}
 	return fmt.Errorf("cubind: %s (%s) lacks %s", b.lib.Name, b.lib.Path, strings.Join(b.missing, ", "))
 }
-
-// errNotLoaded is returned by calls whose library failed to load (wrapped with the reason).
-var errNotLoaded = errors.New("cubind: library not loaded")

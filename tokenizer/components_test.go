@@ -12,13 +12,13 @@ import (
 // spec builds a tokenizer.json text. vocab lists tokens (id = index); merges are "a b"
 // strings; the other arguments are raw JSON for their sections ("" means null).
 type spec struct {
-	vocab               []string
-	merges              []string
-	modelExtra          string // extra model fields, e.g. `"byte_fallback": true`
-	added               string // the added_tokens list
-	normalizer, pre     string
-	post, decoder       string
-	mergesAsLists, noID bool
+	vocab           []string
+	merges          []string
+	modelExtra      string // extra model fields, e.g. `"byte_fallback": true`
+	added           string // the added_tokens list
+	normalizer, pre string
+	post, decoder   string
+	mergesAsLists   bool
 }
 
 func (s spec) json() string {

@@ -40,10 +40,9 @@ var (
 )
 
 type result struct {
-	op, name     string
-	maxAbs, rel  float64 // largest absolute error, and largest error relative to the max |want|
-	n, bad       int
-	atol, rtolOK string
+	op, name    string
+	maxAbs, rel float64 // largest absolute error, and largest error relative to the max |want|
+	n, bad      int
 }
 
 func TestMain(m *testing.M) {

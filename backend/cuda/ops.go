@@ -71,10 +71,7 @@ func (d *Device) gridStride(n int64) cubind.Dim3 {
 	return cubind.Dim3{X: int(max(g, 1)), Y: 1, Z: 1}
 }
 
-var (
-	block256 = cubind.Dim3{X: 256, Y: 1, Z: 1}
-	one      = cubind.Dim3{X: 1, Y: 1, Z: 1}
-)
+var block256 = cubind.Dim3{X: 256, Y: 1, Z: 1}
 
 // rowBlock picks a block size (a multiple of 32, at most 1024) for one row of n elements.
 func rowBlock(n int) cubind.Dim3 {
