@@ -24,23 +24,9 @@ func gatherKernel(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tens
 		}
 	}
 	res := tensor.New(x.DType, out[0].Shape...)
-	copyBlock := func(dst, src int) {
-		switch x.DType {
-		case tensor.F32:
-			copy(res.F32[dst:dst+inner], x.F32[src:src+inner])
-		case tensor.BF16, tensor.F16:
-			copy(res.Half[dst:dst+inner], x.Half[src:src+inner])
-		case tensor.I32:
-			copy(res.I32[dst:dst+inner], x.I32[src:src+inner])
-		case tensor.I64:
-			copy(res.I64[dst:dst+inner], x.I64[src:src+inner])
-		case tensor.Bool:
-			copy(res.Bool[dst:dst+inner], x.Bool[src:src+inner])
-		}
-	}
 	for o := range outer {
 		for j, i := range idx {
-			copyBlock((o*len(idx)+j)*inner, (o*size+int(i))*inner)
+			copyRange(res, (o*len(idx)+j)*inner, x, (o*size+int(i))*inner, inner)
 		}
 	}
 	return []*tensor.Tensor{res}, nil
