@@ -132,23 +132,47 @@ func TestLoadIsCached(t *testing.T) {
 
 // TestEngineParity: greedy generation through the engine matches Hugging Face's
 // greedy_new_ids on every fixture, all prompts of a fixture in one batch.
+// TestEngineParity: greedy generation through the continuous-batching engine on the paged
+// KV cache matches Hugging Face's greedy_new_ids, on one rank and tensor-parallel on 2 and 4.
 func TestEngineParity(t *testing.T) {
-	for _, name := range supportedFixtures {
-		t.Run(name, func(t *testing.T) {
-			ref := loadReference(t, filepath.Join("..", "testdata", name))
-			e := newEngine(t, name, Options{})
-			var reqs []Request
-			for _, p := range ref.Prompts {
-				reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
-			}
-			got := generateAll(t, e, reqs)
-			for i, p := range ref.Prompts {
-				checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
-			}
-			if st := e.Stats(); st.KVBlocksUsed != 0 || st.Running != 0 || st.Waiting != 0 {
-				t.Errorf("after all requests: %+v", st)
-			}
-		})
+	for _, tp := range []int{1, 2, 4} {
+		for _, name := range supportedFixtures {
+			t.Run(fmt.Sprintf("%s/tp=%d", name, tp), func(t *testing.T) {
+				if tp > 1 && testing.Short() {
+					t.Skip("tensor-parallel runs skipped in -short mode")
+				}
+				engineParity(t, name, tp)
+			})
+		}
+	}
+}
+
+func engineParity(t *testing.T, name string, tp int) {
+	ref := loadReference(t, filepath.Join("..", "testdata", name))
+	var e *Engine
+	if tp == 1 {
+		e = newEngine(t, name, Options{})
+	} else {
+		m, err := Load(context.Background(), filepath.Join("..", "testdata", name), LoadOptions{Optimize: true, Mesh: mustMeshFor(t, tp, "")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		if e, err = New(context.Background(), m, Options{Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+	}
+	var reqs []Request
+	for _, p := range ref.Prompts {
+		reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
+	}
+	got := generateAll(t, e, reqs)
+	for i, p := range ref.Prompts {
+		checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
+	}
+	if st := e.Stats(); st.KVBlocksUsed != 0 || st.Running != 0 || st.Waiting != 0 {
+		t.Errorf("after all requests: %+v", st)
 	}
 }
 
