@@ -67,17 +67,8 @@ func (m *Model) Ranks() []Rank {
 // Load opens the checkpoint in dir, builds its graph and compiles it for the CPU.
 func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	start := time.Now()
-	m, err := model.Open(dir)
+	m, g, err := openGraph(dir, opts)
 	if err != nil {
-		return nil, err
-	}
-	g, err := model.BuildGraph(m.Config, model.BuildOptions{ActivationDType: opts.ActivationDType, Tensors: m.Checkpoint})
-	if err != nil {
-		m.Close()
-		return nil, fmt.Errorf("%s: %w", dir, err)
-	}
-	if err := m.Checkpoint.Check(g); err != nil {
-		m.Close()
 		return nil, err
 	}
 	if _, err := dist.ResolveBackend(opts.DistBackend, "cpu"); err != nil {
@@ -111,6 +102,25 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	}
 	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "nodes", len(g.Nodes), "time", time.Since(start).Round(time.Millisecond))
 	return &Model{Model: m, Graph: g, Transforms: results, Program: prog}, nil
+}
+
+// openGraph opens the checkpoint in dir and builds its plain graph, checked against the
+// checkpoint's tensors.
+func openGraph(dir string, opts LoadOptions) (*model.Model, *graph.Graph, error) {
+	m, err := model.Open(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := model.BuildGraph(m.Config, model.BuildOptions{ActivationDType: opts.ActivationDType, Tensors: m.Checkpoint})
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	if err := m.Checkpoint.Check(g); err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	return m, g, nil
 }
 
 // Optimize runs the transform pipeline, configured by flags and the model's architecture

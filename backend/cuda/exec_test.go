@@ -188,41 +188,48 @@ func TestProgramFixtures(t *testing.T) {
 		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
 			t.Run(name+"/"+act.String(), func(t *testing.T) {
 				m, _, fused := fixtureGraphs(t, name, act)
-				p, err := Compile(context.Background(), d, fused, m.Checkpoint, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer p.Close()
-				rng := rand.New(rand.NewPCG(12, 12))
-				for _, bs := range [][2]int{{2, 9}, {1, 37}, {3, 5}, {2, 9}} {
-					in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
-					want := runCPU(t, m, fused, in)
-					out, err := p.Run(context.Background(), in)
-					if err != nil {
-						t.Fatal(err)
-					}
-					maxWant := 0.0
-					for i := range want.Numel() {
-						maxWant = max(maxWant, math.Abs(want.At(i)))
-					}
-					// Logits through two layers of bf16 GEMMs: a few bf16 ulps of the largest logit.
-					tl := tol{atol: maxWant / 32}
-					compare(t, "program", fmt.Sprintf("%s act %s B%d S%d", name, act, bs[0], bs[1]), out[0], want, tl)
-					// Greedy tokens agree at the last position unless the CPU's top two are close.
-					V := m.Config.VocabSize
-					for b := range bs[0] {
-						off := (b*bs[1] + bs[1] - 1) * V
-						w, g := want.Float32s()[off:off+V], out[0].Float32s()[off:off+V]
-						wi, gi := goArgmax(w), goArgmax(g)
-						if wi != gi && math.Abs(float64(w[wi]-w[gi])) > float64(maxWant)/64 {
-							t.Errorf("%s B%d S%d row %d: GPU picks token %d, CPU %d (logits %v vs %v)", name, bs[0], bs[1], b, gi, wi, w[gi], w[wi])
-						}
-					}
-				}
-				t.Logf("%s act %s: %d steps, %d folded, %d bytes of weights", name, act, len(p.steps), p.Folded, p.WeightBytes())
+				checkAgainstCPU(t, d, name, act, m, fused)
 			})
 		}
 	}
+}
+
+// checkAgainstCPU runs g on the GPU and on the CPU backend for several batch shapes and
+// compares the logits (within a few bf16 ulps of the largest) and the greedy tokens.
+func checkAgainstCPU(t *testing.T, d *Device, name string, act tensor.DType, m *model.Model, g *graph.Graph) {
+	t.Helper()
+	p, err := Compile(context.Background(), d, g, m.Checkpoint, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rng := rand.New(rand.NewPCG(12, 12))
+	for _, bs := range [][2]int{{2, 9}, {1, 37}, {3, 5}, {2, 9}} {
+		in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
+		want := runCPU(t, m, g, in)
+		out, err := p.Run(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxWant := 0.0
+		for i := range want.Numel() {
+			maxWant = max(maxWant, math.Abs(want.At(i)))
+		}
+		// Logits through two layers of bf16 GEMMs: a few bf16 ulps of the largest logit.
+		tl := tol{atol: maxWant / 32}
+		compare(t, "program", fmt.Sprintf("%s act %s B%d S%d", name, act, bs[0], bs[1]), out[0], want, tl)
+		// Greedy tokens agree at the last position unless the CPU's top two are close.
+		V := m.Config.VocabSize
+		for b := range bs[0] {
+			off := (b*bs[1] + bs[1] - 1) * V
+			w, gv := want.Float32s()[off:off+V], out[0].Float32s()[off:off+V]
+			wi, gi := goArgmax(w), goArgmax(gv)
+			if wi != gi && math.Abs(float64(w[wi]-w[gi])) > float64(maxWant)/64 {
+				t.Errorf("%s B%d S%d row %d: GPU picks token %d, CPU %d (logits %v vs %v)", name, bs[0], bs[1], b, gi, wi, w[gi], w[wi])
+			}
+		}
+	}
+	t.Logf("%s act %s: %d steps, %d folded, %d bytes of weights", name, act, len(p.steps), p.Folded, p.WeightBytes())
 }
 
 // reference is the part of a fixture's reference.json (Hugging Face transformers, f32) that
@@ -253,61 +260,75 @@ func TestProgramHuggingFaceParity(t *testing.T) {
 	d := gpu(t)
 	for _, name := range fixtures {
 		t.Run(name, func(t *testing.T) {
-			data, err := os.ReadFile("../../testdata/" + name + "/reference.json")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ref reference
-			if err := json.Unmarshal(data, &ref); err != nil {
-				t.Fatal(err)
-			}
 			m, _, fused := fixtureGraphs(t, name, tensor.F32)
-			p, err := Compile(context.Background(), d, fused, m.Checkpoint, &Options{ExactF32Linear: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			V := m.Config.VocabSize
-			logits := func(seq []int) []float32 {
-				ids, pos := tensor.New(tensor.I32, 1, len(seq)), tensor.New(tensor.I32, 1, len(seq))
-				for i, id := range seq {
-					ids.I32[i], pos.I32[i] = int32(id), int32(i)
-				}
-				out, err := p.Run(context.Background(), map[string]*tensor.Tensor{"input_ids": ids, "positions": pos})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return out[0].Float32s()
-			}
-			for i, pr := range ref.Prompts {
-				all := logits(pr.IDs)
-				got := all[(len(pr.IDs)-1)*V:]
-				compare(t, "hf_parity", fmt.Sprintf("%s prompt %d (%d tokens) last logits", name, i, len(pr.IDs)),
-					tensor.FromF32(got, len(got)), tensor.FromF32(pr.LastLogits, len(pr.LastLogits)), tol{atol: 1e-3})
-				if n := len(pr.AllLogits); n > 0 {
-					var want []float32
-					for _, row := range pr.AllLogits {
-						want = append(want, row...)
-					}
-					compare(t, "hf_parity", fmt.Sprintf("%s prompt %d logits at all %d positions", name, i, n),
-						tensor.FromF32(all[:n*V], n, V), tensor.FromF32(want, n, len(want)/n), tol{atol: 1e-3})
-				}
-				seq := generatePrompt(pr.IDs)
-				for j, wantID := range pr.GreedyNewIDs {
-					all := logits(seq)
-					gotID := goArgmax(all[(len(seq)-1)*V:])
-					if gotID != wantID {
-						if j < len(pr.GreedyMargins) && pr.GreedyMargins[j] < 0.01 {
-							t.Logf("%s prompt %d: step %d is a near-tie (margin %.4f); comparison stops", name, i, j, pr.GreedyMargins[j])
-							break
-						}
-						t.Errorf("%s prompt %d: greedy token %d is %d, Hugging Face's %d", name, i, j, gotID, wantID)
-						break
-					}
-					seq = append(seq, gotID)
-				}
-				t.Logf("%s prompt %d: %d greedy tokens checked", name, i, len(seq)-len(generatePrompt(pr.IDs)))
-			}
+			checkHFParity(t, d, name, m, fused)
 		})
+	}
+}
+
+// readReference reads a fixture's reference.json.
+func readReference(t *testing.T, name string) *reference {
+	t.Helper()
+	data, err := os.ReadFile("../../testdata/" + name + "/reference.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref reference
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatalf("%s/reference.json: %v", name, err)
+	}
+	return &ref
+}
+
+// checkHFParity compiles g (f32 activations) with exact f32 GEMMs and requires Hugging
+// Face's logits within 1e-3 and its greedy tokens up to the first near-tie.
+func checkHFParity(t *testing.T, d *Device, name string, m *model.Model, g *graph.Graph) {
+	t.Helper()
+	ref := readReference(t, name)
+	p, err := Compile(context.Background(), d, g, m.Checkpoint, &Options{ExactF32Linear: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	V := m.Config.VocabSize
+	logits := func(seq []int) []float32 {
+		ids, pos := tensor.New(tensor.I32, 1, len(seq)), tensor.New(tensor.I32, 1, len(seq))
+		for i, id := range seq {
+			ids.I32[i], pos.I32[i] = int32(id), int32(i)
+		}
+		out, err := p.Run(context.Background(), map[string]*tensor.Tensor{"input_ids": ids, "positions": pos})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Float32s()
+	}
+	for i, pr := range ref.Prompts {
+		all := logits(pr.IDs)
+		got := all[(len(pr.IDs)-1)*V:]
+		compare(t, "hf_parity", fmt.Sprintf("%s prompt %d (%d tokens) last logits", name, i, len(pr.IDs)),
+			tensor.FromF32(got, len(got)), tensor.FromF32(pr.LastLogits, len(pr.LastLogits)), tol{atol: 1e-3})
+		if n := len(pr.AllLogits); n > 0 {
+			var want []float32
+			for _, row := range pr.AllLogits {
+				want = append(want, row...)
+			}
+			compare(t, "hf_parity", fmt.Sprintf("%s prompt %d logits at all %d positions", name, i, n),
+				tensor.FromF32(all[:n*V], n, V), tensor.FromF32(want, n, len(want)/n), tol{atol: 1e-3})
+		}
+		seq := generatePrompt(pr.IDs)
+		for j, wantID := range pr.GreedyNewIDs {
+			all := logits(seq)
+			gotID := goArgmax(all[(len(seq)-1)*V:])
+			if gotID != wantID {
+				if j < len(pr.GreedyMargins) && pr.GreedyMargins[j] < 0.01 {
+					t.Logf("%s prompt %d: step %d is a near-tie (margin %.4f); comparison stops", name, i, j, pr.GreedyMargins[j])
+					break
+				}
+				t.Errorf("%s prompt %d: greedy token %d is %d, Hugging Face's %d", name, i, j, gotID, wantID)
+				break
+			}
+			seq = append(seq, gotID)
+		}
+		t.Logf("%s prompt %d: %d greedy tokens checked", name, i, len(seq)-len(generatePrompt(pr.IDs)))
 	}
 }

@@ -113,7 +113,7 @@ func printSummary() {
 func gpu(t *testing.T) *Device {
 	t.Helper()
 	if testDev == nil {
-		t.Skip("no GPU: " + testDevErr.Error())
+		t.Skip("no GPU found: " + testDevErr.Error())
 	}
 	return testDev
 }

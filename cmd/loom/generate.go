@@ -27,6 +27,7 @@ func newGenerateCmd() *cobra.Command {
 		noOptimize bool
 		transforms transform.Flags
 		ranks      meshFlags
+		device     string
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -63,23 +64,42 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 			if err != nil {
 				return err
 			}
-			m, err := loadOnMesh(cmd, dir, !noOptimize, transforms, mesh)
+			dev, err := pickDevice(device, noOptimize, mesh.Size())
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			var (
+				exe   engine.Executable
+				vocab int
+				eos   []int
+			)
+			if dev == engine.DeviceCUDA {
+				m, err := engine.LoadCUDA(cmd.Context(), dir, engine.LoadOptions{Optimize: !noOptimize, Transforms: transforms})
+				if err != nil {
+					return err
+				}
+				defer m.Close()
+				exe, vocab, eos = m.Executable(), m.Config.VocabSize, m.EOSTokenIDs()
+			} else {
+				m, err := loadOnMesh(cmd, dir, !noOptimize, transforms, mesh)
+				if err != nil {
+					return err
+				}
+				defer m.Close()
+				exe, vocab, eos = m.Executable(), m.Config.VocabSize, m.EOSTokenIDs()
+			}
 			for _, id := range ids {
-				if id >= m.Config.VocabSize {
-					return fmt.Errorf("prompt: token id %d is outside the vocabulary (size %d)", id, m.Config.VocabSize)
+				if id >= vocab {
+					return fmt.Errorf("prompt: token id %d is outside the vocabulary (size %d)", id, vocab)
 				}
 			}
-			res, err := engine.GreedyRecompute(cmd.Context(), m.Executable(), ids, maxNew)
+			res, err := engine.GreedyRecompute(cmd.Context(), exe, ids, maxNew)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			if tok != nil && !asJSON {
-				return printText(out, tok, res.NewIDs, m.EOSTokenIDs())
+				return printText(out, tok, res.NewIDs, eos)
 			}
 			if !asJSON {
 				parts := make([]string, len(res.NewIDs))
@@ -110,12 +130,40 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 	f.BoolVar(&asJSON, "json", false, `print one JSON object {"ids": [...], "logits": [...]} on stdout`)
 	f.BoolVar(&withLogits, "logits", false, "with --json: include the full-vocabulary logits of the last prompt position")
 	f.BoolVar(&noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline")
+	f.StringVar(&device, "device", "auto", "where the model runs: auto (CUDA when a GPU can be used, else the CPU), cpu or cuda")
 	addTransformFlags(cmd, &transforms)
 	addMeshFlags(cmd, &ranks)
 	_ = cmd.MarkFlagRequired("model")
 	cmd.MarkFlagsOneRequired("prompt", "prompt-ids")
 	cmd.MarkFlagsMutuallyExclusive("prompt", "prompt-ids")
 	return cmd
+}
+
+// pickDevice resolves --device and logs the device picked and why. auto takes the CPU for
+// what the CUDA backend does not run: the plain graph (--no-optimize) and meshes of several
+// ranks; --device cuda with those, or without a usable GPU, is an error.
+func pickDevice(flag string, noOptimize bool, ranks int) (engine.Device, error) {
+	d, err := engine.ParseDevice(flag)
+	if err != nil {
+		return "", fmt.Errorf("--device: %w", err)
+	}
+	var reason string
+	switch {
+	case d == engine.DeviceAuto && noOptimize:
+		d, reason = engine.DeviceCPU, "auto: the plain graph (--no-optimize) runs on the CPU only"
+	case d == engine.DeviceAuto && ranks > 1:
+		d, reason = engine.DeviceCPU, fmt.Sprintf("auto: a mesh of %d ranks runs on the CPU only", ranks)
+	case d == engine.DeviceCUDA && noOptimize:
+		return "", fmt.Errorf("--device cuda runs the optimized graph: the plain graph has ops without CUDA kernels; drop --no-optimize")
+	case d == engine.DeviceCUDA && ranks > 1:
+		return "", fmt.Errorf("--device cuda runs one rank, not a mesh of %d", ranks)
+	default:
+		if d, reason, err = engine.ResolveDevice(d); err != nil {
+			return "", fmt.Errorf("--device: %w", err)
+		}
+	}
+	slog.Info("device picked", "device", string(d), "reason", reason)
+	return d, nil
 }
 
 // printText prints the text of ids up to the first end-of-sequence id, special tokens left

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/dist"
+)
+
+func TestParseDevice(t *testing.T) {
+	for _, s := range []string{"auto", "cpu", "cuda"} {
+		if d, err := ParseDevice(s); err != nil || string(d) != s {
+			t.Errorf("ParseDevice(%q) = %q, %v", s, d, err)
+		}
+	}
+	if _, err := ParseDevice("gpu"); err == nil || !strings.Contains(err.Error(), "want auto, cpu or cuda") {
+		t.Errorf("ParseDevice(gpu) error = %v", err)
+	}
+}
+
+// auto picks CUDA exactly when cubind.Available has no complaint; cuda without a GPU is an
+// error; cpu is always the CPU.
+func TestResolveDevice(t *testing.T) {
+	avail := cubind.Available()
+	d, why, err := ResolveDevice(DeviceAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DeviceCUDA
+	if avail != nil {
+		want = DeviceCPU
+	}
+	if d != want || !strings.HasPrefix(why, "auto: ") {
+		t.Errorf("auto resolves to %q (%s), want %q", d, why, want)
+	}
+	if d, _, err := ResolveDevice(DeviceCPU); d != DeviceCPU || err != nil {
+		t.Errorf("cpu resolves to %q, %v", d, err)
+	}
+	d, _, err = ResolveDevice(DeviceCUDA)
+	if avail != nil && (err == nil || !strings.Contains(err.Error(), "no GPU can be used")) {
+		t.Errorf("cuda without a GPU: %q, %v; want an error", d, err)
+	}
+	if avail == nil && (err != nil || d != DeviceCUDA) {
+		t.Errorf("cuda with a GPU: %q, %v", d, err)
+	}
+}
+
+func TestLoadCUDARefusesMesh(t *testing.T) {
+	mesh, err := dist.ParseMesh("tp=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadCUDA(context.Background(), filepath.Join("..", "testdata", "tiny-llama"), LoadOptions{Optimize: true, Mesh: mesh})
+	if err == nil || !strings.Contains(err.Error(), "one rank") {
+		t.Fatalf("error = %v, want one about ranks", err)
+	}
+}
+
+func needGPU(t *testing.T) {
+	t.Helper()
+	if err := cubind.Available(); err != nil {
+		msg, _, _ := strings.Cut(err.Error(), "\n")
+		t.Skip("no GPU found: " + msg)
+	}
+}
+
+// The optimized whole-sequence graph, run by backend/cuda, gives Hugging Face's logits and
+// greedy tokens through GreedyRecompute, as the CPU does.
+func TestCUDAHuggingFaceParity(t *testing.T) {
+	needGPU(t)
+	for _, name := range supportedFixtures {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "testdata", name)
+			ref := loadReference(t, dir)
+			m, err := LoadCUDA(context.Background(), dir, LoadOptions{Optimize: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := m.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			for _, p := range ref.Prompts {
+				logits, vocab := runAll(t, m.Executable(), p.IDs)
+				last := logits[(len(p.IDs)-1)*vocab:]
+				if d, at := maxAbsDiff(last, p.LastLogits); d > logitTol {
+					t.Errorf("%q: last-position logits differ by %.2e at token %d (tolerance %.0e)", p.Text, d, at, logitTol)
+				}
+				for pos, row := range p.AllLogits {
+					if d, at := maxAbsDiff(logits[pos*vocab:(pos+1)*vocab], row); d > logitTol {
+						t.Errorf("%q: position %d logits differ by %.2e at token %d", p.Text, pos, d, at)
+					}
+				}
+				res, err := GreedyRecompute(context.Background(), m.Executable(), generatePrompt(p.IDs), len(p.GreedyNewIDs))
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkGreedy(t, res.NewIDs, p.GreedyNewIDs, p.GreedyMargins)
+			}
+		})
+	}
+}
+
+// The paged-KV-cache graph has ops the CUDA backend lacks: loading it is an error naming them.
+func TestLoadCUDANamesMissingOps(t *testing.T) {
+	needGPU(t)
+	opts := LoadOptions{Optimize: true}
+	opts.Transforms.Sets = []string{"transforms.insert_cached_attention.enabled=true"}
+	m, err := LoadCUDA(context.Background(), filepath.Join("..", "testdata", "tiny-llama"), opts)
+	if err == nil {
+		m.Close()
+		t.Fatal("loaded a paged-attention graph on CUDA")
+	}
+	if !strings.Contains(err.Error(), "no CUDA kernel for op") {
+		t.Errorf("error = %v, want it to name the op without a kernel", err)
+	}
+	t.Log(err)
+}
