@@ -147,7 +147,7 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 	}
 	for i, n := range g.Nodes {
 		if n.Op == graph.OpParam {
-			t, err := loadParam(ctx, n, w)
+			t, err := backend.LoadParam(ctx, n, w)
 			if err != nil {
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 			}
@@ -286,36 +286,6 @@ func checkSymbols(g *graph.Graph) error {
 		}
 	}
 	return nil
-}
-
-// loadParam reads a param node's tensor and checks it against the node's type.
-func loadParam(ctx context.Context, n *graph.Node, w backend.Weights) (*tensor.Tensor, error) {
-	ref, err := graph.ParamOf(n)
-	if err != nil {
-		return nil, err
-	}
-	if w == nil {
-		return nil, fmt.Errorf("param %s: no weights given", ref)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("param %s: %w", ref, err)
-	}
-	t, err := w.Load(ctx, ref)
-	if err != nil {
-		return nil, fmt.Errorf("load param %s: %w", ref, err)
-	}
-	if err := t.Validate(); err != nil {
-		return nil, fmt.Errorf("load param %s: %w", ref, err)
-	}
-	want := n.Out().Type
-	shape, err := want.Shape.Resolve(nil)
-	if err != nil {
-		return nil, fmt.Errorf("param %s: %w", ref, err)
-	}
-	if t.DType != want.DType || !slices.Equal(t.Shape, shape) {
-		return nil, fmt.Errorf("load param %s: got %s%v, want %s", ref, t.DType, t.Shape, want)
-	}
-	return t, nil
 }
 
 // resolveOuts gives the concrete dtype and shape of each of n's outputs.

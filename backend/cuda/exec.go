@@ -261,7 +261,7 @@ func (p *Program) compileNode(ctx context.Context, n *graph.Node, slot map[*grap
 	d := p.dev
 	switch n.Op {
 	case graph.OpParam:
-		h, err := loadParam(ctx, n, w)
+		h, err := backend.LoadParam(ctx, n, w)
 		if err != nil {
 			return err
 		}

@@ -1,13 +1,11 @@
 package cuda
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 
-	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
@@ -52,33 +50,6 @@ func checkSymbols(g *graph.Graph) error {
 		}
 	}
 	return nil
-}
-
-// loadParam reads a param node's tensor and checks it against the node's type.
-func loadParam(ctx context.Context, n *graph.Node, w backend.Weights) (*tensor.Tensor, error) {
-	ref, err := graph.ParamOf(n)
-	if err != nil {
-		return nil, err
-	}
-	if w == nil {
-		return nil, fmt.Errorf("param %s: no weights given", ref)
-	}
-	t, err := w.Load(ctx, ref)
-	if err != nil {
-		return nil, fmt.Errorf("load param %s: %w", ref, err)
-	}
-	if err := t.Validate(); err != nil {
-		return nil, fmt.Errorf("load param %s: %w", ref, err)
-	}
-	want := n.Out().Type
-	shape, err := want.Shape.Resolve(nil)
-	if err != nil {
-		return nil, fmt.Errorf("param %s: %w", ref, err)
-	}
-	if t.DType != want.DType || !slices.Equal(t.Shape, shape) {
-		return nil, fmt.Errorf("load param %s: got %s%v, want %s", ref, t.DType, t.Shape, want)
-	}
-	return t, nil
 }
 
 // constTensor builds a const node's tensor on the host.
