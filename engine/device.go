@@ -98,8 +98,10 @@ func (m *CUDAModel) Close() error {
 }
 
 // LoadCUDA opens the checkpoint in dir, builds its graph, optimizes it when opts.Optimize is
-// set (with opts.Transforms as given: the cache stage stays off unless a --set turns it on,
-// and then the paged attention it makes has no CUDA kernel) and compiles it for GPU 0. An op
+// set (with opts.Transforms as given: the cache stage stays off unless a --set turns it on)
+// and compiles it for GPU 0. With the cache stage on, the graph runs on the paged KV cache
+// and serves an Engine (see NewCUDA): its cache inputs kv_cache.* stay resident on the GPU,
+// updated in place by paged_attention, and the engine's host copies are never read. An op
 // of the graph without a CUDA kernel is an error naming it. With f32 activations every
 // linear multiplies in f32 (bf16 weights widened once, at load time), so that logits and
 // greedy tokens match the CPU backend's. One rank only: opts.Mesh must be a single rank.
@@ -132,7 +134,13 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	if act == tensor.Invalid {
 		act = tensor.F32
 	}
-	prog, err := cuda.Compile(ctx, dev, g, m.Checkpoint, &cuda.Options{ExactF32Linear: act == tensor.F32})
+	var resident []string
+	for _, in := range g.Inputs {
+		if strings.HasPrefix(in.Name, "kv_cache.") {
+			resident = append(resident, in.Name)
+		}
+	}
+	prog, err := cuda.Compile(ctx, dev, g, m.Checkpoint, &cuda.Options{ExactF32Linear: act == tensor.F32, Resident: resident})
 	if err != nil {
 		dev.Close()
 		m.Close()
@@ -141,4 +149,14 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "device", dev.Info().String(),
 		"nodes", len(g.Nodes), "weight_bytes", prog.WeightBytes(), "time", time.Since(start).Round(time.Millisecond))
 	return &CUDAModel{Model: m, Graph: g, Transforms: results, Program: prog, dev: dev}, nil
+}
+
+// NewCUDA starts an engine on a model LoadCUDA compiled with the cache stage on. The engine
+// must be closed before the model.
+func NewCUDA(ctx context.Context, m *CUDAModel, opts Options) (*Engine, error) {
+	if m == nil || m.Model == nil || m.Program == nil {
+		return nil, errors.New("engine: no CUDA model")
+	}
+	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
+	return NewRanks(ctx, []Rank{{Graph: m.Graph, Exe: m.Program}}, info, opts)
 }

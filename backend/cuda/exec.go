@@ -153,6 +153,9 @@ type Program struct {
 	plans map[string]*memPlan
 	arena *Tensor // the largest arena any run needed so far, reused by every run
 
+	// resident holds the slots of the inputs Options.Resident names.
+	resident []int
+
 	// Folded counts the nodes evaluated at compile time.
 	Folded int
 }
@@ -172,6 +175,12 @@ type Options struct {
 	// the CPU backend to f32 rounding. Without it such a linear rounds its activations to
 	// bf16 and runs a bf16 GEMM with an f32 result (about 2^-9 relative error per input).
 	ExactF32Linear bool
+	// Resident names graph inputs that live on the device, such as the engine's KV caches
+	// (kv_cache.<layer>.k/.v): the first Run uploads the tensor passed for each, later Runs
+	// use the device copy, which kernels update in place (paged_attention writes the caches),
+	// and never copy it in again nor back. Every Run must still pass a tensor of the same
+	// shape for each (its contents are then ignored). Close frees them.
+	Resident []string
 }
 
 // Compile prepares g to run on d: it verifies the graph, checks that every op has a CUDA
@@ -207,6 +216,13 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 		return nil, fmt.Errorf("cuda: compile %s: no device", g.Name)
 	}
 	p, slot := newProgram(d, g)
+	for _, name := range opts.Resident {
+		s := slices.IndexFunc(p.inputs, func(s int) bool { return p.values[s].Name == name })
+		if s < 0 {
+			return nil, fmt.Errorf("cuda: compile %s: resident input %q is not a graph input", g.Name, name)
+		}
+		p.resident = append(p.resident, p.inputs[s])
+	}
 	err := d.do(func() error {
 		for _, n := range g.Nodes {
 			if err := ctx.Err(); err != nil {
@@ -570,6 +586,9 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.loadResident(inputs); err != nil {
+		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
 	pl, err := p.plan(env)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
@@ -612,8 +631,8 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 	}
 	for _, s := range p.inputs {
 		v := p.values[s]
-		if vals[s] == nil {
-			continue
+		if vals[s] == nil || p.fixed[s] != nil {
+			continue // unused, or resident
 		}
 		if err := copyIn(d, vals[s], inputs[v.Name]); err != nil {
 			return nil, fmt.Errorf("input %q: %w", v.Name, err)
@@ -647,4 +666,30 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 		res[i] = h
 	}
 	return res, nil
+}
+
+// loadResident uploads each resident input on the first Run and checks later Runs pass the
+// same shape. p.mu must be held.
+func (p *Program) loadResident(inputs map[string]*tensor.Tensor) error {
+	for _, s := range p.resident {
+		v, h := p.values[s], inputs[p.values[s].Name]
+		if t := p.fixed[s]; t != nil {
+			if !slices.Equal(t.Shape, h.Shape) {
+				return fmt.Errorf("resident input %q is %v on the device, got %v", v.Name, t.Shape, h.Shape)
+			}
+			continue
+		}
+		err := p.dev.do(func() error {
+			t, err := p.dev.upload(h)
+			if err != nil {
+				return err
+			}
+			p.fixed[s] = t
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("resident input %q: %w", v.Name, err)
+		}
+	}
+	return nil
 }
