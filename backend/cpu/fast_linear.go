@@ -268,34 +268,11 @@ func fastMatmul(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 	if !o.DType.IsFloat() || !a.DType.IsFloat() || !b.DType.IsFloat() {
 		return matmul(n, in, out)
 	}
-	ra, rb := len(a.Shape), len(b.Shape)
-	if ra < 2 || rb < 2 {
-		return nil, fmt.Errorf("matmul needs rank >= 2, got %v and %v", a.Shape, b.Shape)
-	}
-	M, K, N := a.Shape[ra-2], a.Shape[ra-1], b.Shape[rb-1]
-	if b.Shape[rb-2] != K {
-		return nil, fmt.Errorf("inner dimensions differ: %v @ %v", a.Shape, b.Shape)
-	}
-	batch, err := broadcastShapes(a.Shape[:ra-2], b.Shape[:rb-2])
+	l, err := matmulLayoutOf(a, b, o)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkShape(append(slices.Clone(batch), M, N), o); err != nil {
-		return nil, err
-	}
-	nb := tensor.Numel(batch)
-	aOff, bOff := make([]int, nb), make([]int, nb)
-	sa, err := broadcastStrides(a.Shape[:ra-2], batch)
-	if err != nil {
-		return nil, err
-	}
-	sb, err := broadcastStrides(b.Shape[:rb-2], batch)
-	if err != nil {
-		return nil, err
-	}
-	walk(batch, [][]int{sa, sb}, []int{0, 0}, func(i int, off []int) {
-		aOff[i], bOff[i] = off[0]*M*K, off[1]*K*N
-	})
+	M, K, N, aOff, bOff, nb := l.M, l.K, l.N, l.aOff, l.bOff, len(l.aOff)
 	rows := nb * M
 	res := make([]float32, rows*N)
 	if rows == 0 || N == 0 || K == 0 {

@@ -94,35 +94,11 @@ func matmul(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 		return nil, err
 	}
 	a, b, o := in[0], in[1], out[0]
-	ra, rb := len(a.Shape), len(b.Shape)
-	if ra < 2 || rb < 2 {
-		return nil, fmt.Errorf("matmul needs rank >= 2, got %v and %v", a.Shape, b.Shape)
-	}
-	M, K, N := a.Shape[ra-2], a.Shape[ra-1], b.Shape[rb-1]
-	if b.Shape[rb-2] != K {
-		return nil, fmt.Errorf("inner dimensions differ: %v @ %v", a.Shape, b.Shape)
-	}
-	batch, err := broadcastShapes(a.Shape[:ra-2], b.Shape[:rb-2])
+	l, err := matmulLayoutOf(a, b, o)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkShape(append(slices.Clone(batch), M, N), o); err != nil {
-		return nil, err
-	}
-	// Offsets of each batch's a and b matrices.
-	nb := tensor.Numel(batch)
-	aOff, bOff := make([]int, nb), make([]int, nb)
-	sa, err := broadcastStrides(a.Shape[:ra-2], batch)
-	if err != nil {
-		return nil, err
-	}
-	sb, err := broadcastStrides(b.Shape[:rb-2], batch)
-	if err != nil {
-		return nil, err
-	}
-	walk(batch, [][]int{sa, sb}, []int{0, 0}, func(i int, off []int) {
-		aOff[i], bOff[i] = off[0]*M*K, off[1]*K*N
-	})
+	M, K, N, aOff, bOff, nb := l.M, l.K, l.N, l.aOff, l.bOff, len(l.aOff)
 	rows := nb * M
 	if !o.DType.IsFloat() {
 		av, bv := int64s(a), int64s(b)
@@ -255,4 +231,46 @@ func init() {
 	registerReference("embedding", embedding)
 	registerReference(graph.OpConst, constant)
 	registerReference("iota", iota)
+}
+
+// matmulLayout is the shape of a batched matmul a[...,M,K] @ b[...,K,N]: the matrix sizes
+// and, per broadcast batch, the element offsets of its a and b matrices.
+type matmulLayout struct {
+	M, K, N    int
+	aOff, bOff []int
+}
+
+// matmulLayoutOf checks a matmul's operands against each other and its output o and gives
+// their layout.
+func matmulLayoutOf(a, b *tensor.Tensor, o Out) (matmulLayout, error) {
+	var l matmulLayout
+	ra, rb := len(a.Shape), len(b.Shape)
+	if ra < 2 || rb < 2 {
+		return l, fmt.Errorf("matmul needs rank >= 2, got %v and %v", a.Shape, b.Shape)
+	}
+	l.M, l.K, l.N = a.Shape[ra-2], a.Shape[ra-1], b.Shape[rb-1]
+	if b.Shape[rb-2] != l.K {
+		return l, fmt.Errorf("inner dimensions differ: %v @ %v", a.Shape, b.Shape)
+	}
+	batch, err := broadcastShapes(a.Shape[:ra-2], b.Shape[:rb-2])
+	if err != nil {
+		return l, err
+	}
+	if err := checkShape(append(slices.Clone(batch), l.M, l.N), o); err != nil {
+		return l, err
+	}
+	sa, err := broadcastStrides(a.Shape[:ra-2], batch)
+	if err != nil {
+		return l, err
+	}
+	sb, err := broadcastStrides(b.Shape[:rb-2], batch)
+	if err != nil {
+		return l, err
+	}
+	nb := tensor.Numel(batch)
+	l.aOff, l.bOff = make([]int, nb), make([]int, nb)
+	walk(batch, [][]int{sa, sb}, []int{0, 0}, func(i int, off []int) {
+		l.aOff[i], l.bOff[i] = off[0]*l.M*l.K, off[1]*l.K*l.N
+	})
+	return l, nil
 }
