@@ -26,24 +26,10 @@ import (
 // position order in float32; so outputs equal the reference's bit for bit, barring a
 // compiler's fused multiply-add.
 
-func init() { Register("paged_attention", fastPagedAttention) }
+// fastPagedAttention reads the caches in place (fastAttend).
+var fastPagedAttention = pagedAttentionKernel((*pagedArgs).fastAttend)
 
-// fastPagedAttention: q[1,H,S,D], k,v[1,KV,S,D], positions[1,S], k_cache,v_cache[NB,BS,KV,D],
-// slot_mapping[S], token_seq[S], block_tables[N,M] -> out[1,H,S,D]; the caches are updated.
-func fastPagedAttention(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 9, 1); err != nil {
-		return nil, err
-	}
-	pa, err := newPagedArgs(n, in, out[0])
-	if err != nil {
-		return nil, err
-	}
-	if err := pa.check(); err != nil {
-		return nil, err
-	}
-	pa.write()
-	return []*tensor.Tensor{pa.fastAttend(out[0])}, nil
-}
+func init() { Register("paged_attention", fastPagedAttention) }
 
 // fastAttend computes the output [1,H,S,D] of every query row, reading the caches in place.
 func (a *pagedArgs) fastAttend(o Out) *tensor.Tensor {

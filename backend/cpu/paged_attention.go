@@ -23,23 +23,27 @@ import (
 // output row depends only on its own query and its sequence's cached keys and values, so a
 // token gets the same bits whatever else is in the batch.
 
-func init() { registerReference("paged_attention", pagedAttention) }
+func init() { registerReference("paged_attention", pagedAttentionKernel((*pagedArgs).attend)) }
 
-// pagedAttention: q[1,H,S,D], k,v[1,KV,S,D], positions[1,S], k_cache,v_cache[NB,BS,KV,D],
-// slot_mapping[S], token_seq[S], block_tables[N,M] -> out[1,H,S,D].
-func pagedAttention(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 9, 1); err != nil {
-		return nil, err
+// pagedAttentionKernel makes the paged_attention kernel with the given attention step:
+// q[1,H,S,D], k,v[1,KV,S,D], positions[1,S], k_cache,v_cache[NB,BS,KV,D], slot_mapping[S],
+// token_seq[S], block_tables[N,M] -> out[1,H,S,D]. Every index is checked before the step's
+// keys and values are written to the caches; then attend computes the output.
+func pagedAttentionKernel(attend func(*pagedArgs, Out) *tensor.Tensor) Kernel {
+	return func(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+		if err := checkArgs(n, in, out, 9, 1); err != nil {
+			return nil, err
+		}
+		pa, err := newPagedArgs(n, in, out[0])
+		if err != nil {
+			return nil, err
+		}
+		if err := pa.check(); err != nil {
+			return nil, err
+		}
+		pa.write()
+		return []*tensor.Tensor{attend(pa, out[0])}, nil
 	}
-	pa, err := newPagedArgs(n, in, out[0])
-	if err != nil {
-		return nil, err
-	}
-	if err := pa.check(); err != nil {
-		return nil, err
-	}
-	pa.write()
-	return []*tensor.Tensor{pa.attend(out[0])}, nil
 }
 
 // pagedArgs holds the checked inputs of one paged_attention call.
