@@ -157,8 +157,8 @@ func (a *pagedArgs) write() {
 		for g := range a.KV {
 			src := (g*a.S + t) * a.D // k[0,g,t,:]
 			dst := (int(a.slots[t])*a.KV + g) * a.D
-			pagedStore(a.kc, dst, ks[src:src+a.D])
-			pagedStore(a.vc, dst, vs[src:src+a.D])
+			storeRow(a.kc, dst, ks[src:src+a.D])
+			storeRow(a.vc, dst, vs[src:src+a.D])
 		}
 	}
 }
@@ -220,7 +220,7 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 		for d, x := range q {
 			s += x * kr[d]
 		}
-		s = pagedRound(sdt, s) * scale
+		s = roundF32(sdt, s) * scale
 		scores[j] = s
 		m = max(m, float64(s))
 	}
@@ -231,37 +231,10 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 	}
 	clear(acc)
 	for j := range scores {
-		p := pagedRound(pdt, float32(e[j]/sum))
+		p := roundF32(pdt, float32(e[j]/sum))
 		vr := vals[j*D : (j+1)*D]
 		for d := range acc {
 			acc[d] += p * vr[d]
-		}
-	}
-}
-
-// pagedRound rounds v to what dtype dt stores, as a float32.
-func pagedRound(dt tensor.DType, v float32) float32 {
-	switch dt {
-	case tensor.BF16:
-		return tensor.BF16ToF32(tensor.F32ToBF16(v))
-	case tensor.F16:
-		return tensor.F16ToF32(tensor.F32ToF16(v))
-	}
-	return v
-}
-
-// pagedStore writes src into the float tensor t from flat offset off, rounding to t's dtype.
-func pagedStore(t *tensor.Tensor, off int, src []float32) {
-	switch t.DType {
-	case tensor.F32:
-		copy(t.F32[off:off+len(src)], src)
-	case tensor.BF16:
-		for i, x := range src {
-			t.Half[off+i] = tensor.F32ToBF16(x)
-		}
-	case tensor.F16:
-		for i, x := range src {
-			t.Half[off+i] = tensor.F32ToF16(x)
 		}
 	}
 }
