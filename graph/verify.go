@@ -188,3 +188,26 @@ func ReinferTypes(g *Graph) error {
 	}
 	return nil
 }
+
+// CheckSymbolsBound makes sure every symbol in a node's output shape is bound by some graph
+// input, so that an executor can resolve every shape from the inputs it is given.
+func CheckSymbolsBound(g *Graph) error {
+	bound := map[string]bool{}
+	for _, in := range g.Inputs {
+		for _, d := range in.Type.Shape {
+			if d.IsSym() {
+				bound[d.Sym] = true
+			}
+		}
+	}
+	for _, n := range g.Nodes {
+		for _, o := range n.Outputs {
+			for _, d := range o.Type.Shape {
+				if d.IsSym() && !bound[d.Sym] {
+					return fmt.Errorf("node %s: symbol %s is not bound by any graph input", n, d.Sym)
+				}
+			}
+		}
+	}
+	return nil
+}

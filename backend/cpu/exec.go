@@ -130,7 +130,7 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, errors.Join(missing...))
 	}
-	if err := checkSymbols(g); err != nil {
+	if err := graph.CheckSymbolsBound(g); err != nil {
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 	}
 	// uses counts, per slot, the node inputs that read it, plus one if it is a graph output:
@@ -264,28 +264,6 @@ func (p *Program) planFrees() {
 			p.steps[i].free = append(p.steps[i].free, s)
 		}
 	}
-}
-
-// checkSymbols makes sure every symbol in a node's output shape is bound by some graph input.
-func checkSymbols(g *graph.Graph) error {
-	bound := map[string]bool{}
-	for _, in := range g.Inputs {
-		for _, d := range in.Type.Shape {
-			if d.IsSym() {
-				bound[d.Sym] = true
-			}
-		}
-	}
-	for _, n := range g.Nodes {
-		for _, o := range n.Outputs {
-			for _, d := range o.Type.Shape {
-				if d.IsSym() && !bound[d.Sym] {
-					return fmt.Errorf("node %s: symbol %s is not bound by any graph input", n, d.Sym)
-				}
-			}
-		}
-	}
-	return nil
 }
 
 // resolveOuts gives the concrete dtype and shape of each of n's outputs.

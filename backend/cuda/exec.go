@@ -209,7 +209,7 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("cuda: compile %s: %s", g.Name, strings.Join(missing, "; "))
 	}
-	if err := checkSymbols(g); err != nil {
+	if err := graph.CheckSymbolsBound(g); err != nil {
 		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
 	}
 	if d == nil {

@@ -30,28 +30,6 @@ func nodeText(n *graph.Node) string {
 	return s + ")"
 }
 
-// checkSymbols makes sure every symbol in a node's output shape is bound by a graph input.
-func checkSymbols(g *graph.Graph) error {
-	bound := map[string]bool{}
-	for _, in := range g.Inputs {
-		for _, d := range in.Type.Shape {
-			if d.IsSym() {
-				bound[d.Sym] = true
-			}
-		}
-	}
-	for _, n := range g.Nodes {
-		for _, o := range n.Outputs {
-			for _, d := range o.Type.Shape {
-				if d.IsSym() && !bound[d.Sym] {
-					return fmt.Errorf("node %s: symbol %s is not bound by any graph input", nodeText(n), d.Sym)
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // constTensor builds a const node's tensor on the host.
 func constTensor(n *graph.Node) (*tensor.Tensor, error) {
 	o := n.Out().Type
