@@ -495,32 +495,11 @@ func checkOutputs(root *graph.Node, outs []*graph.Value) error {
 
 // removeUnused deletes the matched nodes that nothing uses any more, last first.
 func (m *Match) removeUnused() {
-	g := m.g
-	uses := map[*graph.Value]int{}
-	for _, n := range g.Nodes {
-		for _, in := range n.Inputs {
-			uses[in]++
-		}
+	cand := make(map[*graph.Node]bool, len(m.order))
+	for _, n := range m.order {
+		cand[n] = true
 	}
-	for _, o := range g.Outputs {
-		uses[o]++
-	}
-	dead := map[*graph.Node]bool{}
-	for i := len(m.order) - 1; i >= 0; i-- {
-		n := m.order[i]
-		used := false
-		for _, o := range n.Outputs {
-			used = used || uses[o] > 0
-		}
-		if used {
-			continue
-		}
-		dead[n] = true
-		for _, in := range n.Inputs {
-			uses[in]--
-		}
-	}
-	g.RemoveNodes(dead)
+	removeUnusedOf(m.g, cand)
 }
 
 func identity(n int) []int {
