@@ -113,7 +113,7 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	if err := cubind.Available(); err != nil {
 		return nil, fmt.Errorf("%s: device cuda: no GPU can be used: %w", dir, err)
 	}
-	m, g, err := openGraph(dir, opts)
+	m, g, err := OpenGraph(dir, opts)
 	if err != nil {
 		return nil, err
 	}

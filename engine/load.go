@@ -67,7 +67,7 @@ func (m *Model) Ranks() []Rank {
 // Load opens the checkpoint in dir, builds its graph and compiles it for the CPU.
 func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	start := time.Now()
-	m, g, err := openGraph(dir, opts)
+	m, g, err := OpenGraph(dir, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -104,9 +104,9 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	return &Model{Model: m, Graph: g, Transforms: results, Program: prog}, nil
 }
 
-// openGraph opens the checkpoint in dir and builds its plain graph, checked against the
-// checkpoint's tensors.
-func openGraph(dir string, opts LoadOptions) (*model.Model, *graph.Graph, error) {
+// OpenGraph opens the checkpoint in dir, builds its plain graph and checks the graph's params
+// against the checkpoint; the caller closes the model.
+func OpenGraph(dir string, opts LoadOptions) (*model.Model, *graph.Graph, error) {
 	m, err := model.Open(dir)
 	if err != nil {
 		return nil, nil, err

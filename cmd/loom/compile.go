@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/loom-ml/loom/engine"
-	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/transform"
 	"github.com/loom-ml/loom/transform/candidates"
 )
@@ -30,18 +29,11 @@ transform on stderr) and writes the final graph in text form to stdout or --outp
   loom compile --model testdata/tiny-llama --world-size 2 --dump-graphs /tmp/dump`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := model.Open(dir)
+			m, g, err := engine.OpenGraph(dir, engine.LoadOptions{})
 			if err != nil {
 				return err
 			}
 			defer m.Close()
-			g, err := model.BuildGraph(m.Config, model.BuildOptions{Tensors: m.Checkpoint})
-			if err != nil {
-				return err
-			}
-			if err := m.Checkpoint.Check(g); err != nil {
-				return err
-			}
 			mesh, err := ranks.resolve()
 			if err != nil {
 				return err
