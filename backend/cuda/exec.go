@@ -23,7 +23,13 @@ type opKernel struct {
 	view bool
 	// prepare, when set, runs once at compile time; its result is passed to run.
 	prepare func(d *Device, n *graph.Node) (any, error)
-	run     func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
+	// workspace, when set, gives the bytes of scratch memory a run of n needs, from the
+	// concrete shapes of its inputs. The memory plan reserves it for that step only, and run
+	// receives it as one extra byte tensor (dtype bool) after n's outputs (out[len(n.Outputs)]). Being part
+	// of the plan, it is at a fixed address for a set of shapes, so steps that use it can be
+	// captured in CUDA graphs.
+	workspace func(n *graph.Node, in [][]int) int64
+	run       func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
 }
 
 // opKernels is the table of ops the executor lowers. An op missing here is a compile-time
@@ -468,8 +474,12 @@ func (p *Program) WeightBytes() int {
 type memPlan struct {
 	shapes  [][]int // per slot: concrete shape
 	offsets []int64 // per root slot: byte offset in the arena (-1: not planned)
-	size    int64
+	// work holds per step the byte offset and size of its workspace (size 0: none).
+	work []workspace
+	size int64
 }
+
+type workspace struct{ off, size int64 }
 
 // maxPlans bounds the plans a Program keeps (one per set of symbol bindings).
 const maxPlans = 256
@@ -524,7 +534,7 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 		touch(s, len(p.steps))
 	}
 	type buf struct {
-		slot        int
+		slot        int // -1 - step for a step's workspace
 		size        int64
 		first, last int
 	}
@@ -535,6 +545,20 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 		}
 		size := int64(tensor.Numel(pl.shapes[s]) * p.values[s].Type.DType.Size())
 		bufs = append(bufs, buf{slot: s, size: (size + align - 1) / align * align, first: first[s], last: last[s]})
+	}
+	pl.work = make([]workspace, len(p.steps))
+	for i, st := range p.steps {
+		if st.k.workspace == nil {
+			continue
+		}
+		shapes := make([][]int, len(st.in))
+		for j, s := range st.in {
+			shapes[j] = pl.shapes[s]
+		}
+		if size := st.k.workspace(st.node, shapes); size > 0 {
+			pl.work[i].size = size
+			bufs = append(bufs, buf{slot: -1 - i, size: (size + align - 1) / align * align, first: i, last: i})
+		}
 	}
 	// Greedy by size: the largest buffers first, each at the lowest offset that overlaps no
 	// placed buffer alive at the same time.
@@ -559,7 +583,11 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 			}
 			off = max(off, q.end)
 		}
-		pl.offsets[b.slot] = off
+		if b.slot < 0 {
+			pl.work[-1-b.slot].off = off
+		} else {
+			pl.offsets[b.slot] = off
+		}
 		pl.size = max(pl.size, off+b.size)
 		done = append(done, placed{off, off + b.size, b.first, b.last})
 	}
@@ -639,7 +667,7 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 		}
 	}
 	in, out := []*Tensor{}, []*Tensor{}
-	for _, st := range p.steps {
+	for i, st := range p.steps {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("before %s: %w", nodeText(st.node), err)
 		}
@@ -652,6 +680,9 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 		}
 		for _, s := range st.out {
 			out = append(out, vals[s])
+		}
+		if w := pl.work[i]; w.size > 0 {
+			out = append(out, &Tensor{DType: tensor.Bool, Shape: []int{int(w.size)}, ptr: p.arena.ptr + cubind.DevicePtr(w.off), dev: d})
 		}
 		if err := st.k.run(d, st.node, in, out, st.state); err != nil {
 			return nil, fmt.Errorf("%s: %w", nodeText(st.node), err)
