@@ -61,10 +61,10 @@ func ResolveDevice(d Device) (Device, string, error) {
 	return "", "", fmt.Errorf("unknown device %q: want auto, cpu or cuda", d)
 }
 
-// CUDAModel is a checkpoint compiled for one GPU by backend/cuda. Its graph runs whole
-// sequences (input_ids and positions [B,S], logits [B,S,vocab]): the transform pipeline
-// runs as configured, without the engine's paged-KV-cache stage, so it serves
-// GreedyRecompute rather than an Engine.
+// CUDAModel is a checkpoint compiled for one GPU by backend/cuda. Without the cache stage
+// (LoadOptions.PagedCache) its graph runs whole sequences (input_ids and positions [B,S],
+// logits [B,S,vocab]) and serves GreedyRecompute; with it, the graph runs on the paged KV
+// cache and serves an Engine (NewCUDA).
 type CUDAModel struct {
 	*model.Model
 	// Graph is the graph that runs: the optimized one unless LoadOptions.Optimize is off.
@@ -98,8 +98,8 @@ func (m *CUDAModel) Close() error {
 }
 
 // LoadCUDA opens the checkpoint in dir, builds its graph, optimizes it when opts.Optimize is
-// set (with opts.Transforms as given: the cache stage stays off unless a --set turns it on)
-// and compiles it for GPU 0. With the cache stage on, the graph runs on the paged KV cache
+// set (with the cache stage only when opts.PagedCache is set or a --set turns it on) and
+// compiles it for GPU 0. With the cache stage on, the graph runs on the paged KV cache
 // and serves an Engine (see NewCUDA): its cache inputs kv_cache.* stay resident on the GPU,
 // updated in place by paged_attention, and the engine's host copies are never read. An op
 // of the graph without a CUDA kernel is an error naming it. With f32 activations every
@@ -120,6 +120,9 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	var results []transform.Result
 	if opts.Optimize {
 		flags := opts.Transforms
+		if opts.PagedCache {
+			flags = withCacheStage(flags)
+		}
 		if g, results, err = Optimize(ctx, &flags, m, g); err != nil {
 			m.Close()
 			return nil, err

@@ -33,6 +33,20 @@ type LoadOptions struct {
 	// DistBackend is the communicator implementation: auto (""), local or nccl. Loom's engine
 	// runs on the CPU for now, where auto means local and nccl is an error.
 	DistBackend string
+	// PagedCache turns on the cache stage (insert_cached_attention, gather_logits) so that
+	// the graph runs in an Engine. Load always turns it on when it optimizes; LoadCUDA only
+	// when this is set (without it, the graph runs whole sequences for GreedyRecompute).
+	PagedCache bool
+}
+
+// withCacheStage returns flags with the cache stage's transforms switched on, before the
+// user's --set overrides so that those still win.
+func withCacheStage(flags transform.Flags) transform.Flags {
+	flags.Sets = append([]string{
+		"transforms." + transform.InsertCachedAttention.Name + ".enabled=true",
+		"transforms." + transform.GatherLogits.Name + ".enabled=true",
+	}, flags.Sets...)
+	return flags
 }
 
 // Model is a loaded checkpoint with its graph and executable.
@@ -81,11 +95,7 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	}
 	var results []transform.Result
 	if opts.Optimize {
-		flags := opts.Transforms
-		flags.Sets = append([]string{
-			"transforms." + transform.InsertCachedAttention.Name + ".enabled=true",
-			"transforms." + transform.GatherLogits.Name + ".enabled=true",
-		}, flags.Sets...)
+		flags := withCacheStage(opts.Transforms)
 		if opts.Mesh.Size() > 1 {
 			return loadRanks(ctx, m, g, dir, &flags, opts.Mesh, start)
 		}

@@ -65,7 +65,7 @@ func newRealEnv(t *testing.T, dir string, opts engine.Options) *realEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close() })
-	cfg, err := ModelConfig(m, "")
+	cfg, err := ModelConfig(m.Model, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/loom-ml/loom/chattemplate"
-	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tokenizer"
 )
@@ -16,8 +16,8 @@ import (
 // context length and vocabulary, and sampling defaults that follow the OpenAI API
 // (temperature 1) unless generation_config.json sets temperature, top_p, top_k or
 // repetition_penalty.
-func ModelConfig(m *engine.Model, name string) (Config, error) {
-	if m == nil || m.Model == nil {
+func ModelConfig(m *model.Model, name string) (Config, error) {
+	if m == nil {
 		return Config{}, errors.New("server: no model")
 	}
 	tok, err := tokenizer.LoadDir(m.Dir)

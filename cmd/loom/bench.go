@@ -106,11 +106,11 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				target = &bench.OpenAI{BaseURL: root, Model: servedModel, Chat: chat, IgnoreEOS: ignoreEOS,
 					Temperature: temperature, APIKey: apiKey, Client: client}
 			} else {
-				m, eng, err := ef.start(cmd, dir, true, 0)
+				m, eng, done, err := ef.start(cmd, dir, true, 0)
 				if err != nil {
 					return err
 				}
-				defer m.Close()
+				defer done()
 				defer eng.Close()
 				et := &engineTarget{eng: eng, tok: tok, name: "in-process engine on " + dir,
 					params: sample.Params{Temperature: temperature}, ignoreEOS: ignoreEOS}

@@ -51,11 +51,11 @@ conversation, /exit (or end of input) quits.`,
 			if err != nil {
 				return err
 			}
-			m, eng, err := ef.start(cmd, dir, true, 0)
+			m, eng, done, err := ef.start(cmd, dir, true, 0)
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			defer done()
 			defer eng.Close()
 			c := &chatSession{
 				eng: eng, tok: tok, tmpl: tmpl, params: params, maxTokens: maxTokens,

@@ -14,7 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/server"
+	"github.com/loom-ml/loom/tensor"
 	"github.com/loom-ml/loom/transform"
 )
 
@@ -26,6 +28,8 @@ type engineFlags struct {
 	kvCacheBytes int64
 	ranks        meshFlags
 	noOptimize   bool
+	device       string
+	dtype        string
 	transforms   transform.Flags
 }
 
@@ -36,32 +40,76 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 	f.IntVar(&e.kvBlocks, "kv-blocks", 0, "KV cache blocks (0: from --kv-cache-bytes)")
 	f.Int64Var(&e.kvCacheBytes, "kv-cache-bytes", 0, "KV cache memory budget in bytes (0: max-batch full-context sequences, at most 1 GiB)")
 	f.BoolVar(&e.noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline (not servable: the engine needs the paged KV cache)")
+	f.StringVar(&e.device, "device", "auto", "where the model runs: auto (CUDA when a GPU can be used, else the CPU), cpu or cuda")
+	f.StringVar(&e.dtype, "dtype", "auto", "activation and KV cache dtype: auto (bf16 on CUDA, f32 on the CPU), bf16 or f32")
 	addTransformFlags(cmd, &e.transforms)
 	addMeshFlags(cmd, &e.ranks)
 }
 
-// start loads the model in dir and starts an engine on it. The caller closes both.
-func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*engine.Model, *engine.Engine, error) {
+// start loads the model in dir on the device the flags pick and starts an engine on it.
+// The caller closes the engine, then calls done to release the model.
+func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*model.Model, *engine.Engine, func() error, error) {
 	mesh, err := e.ranks.resolve()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	m, err := loadWithProgress(cmd, dir, engine.LoadOptions{
-		Optimize: !e.noOptimize, Transforms: e.transforms, Mesh: mesh, DistBackend: e.ranks.distBackend,
-	})
+	dev, err := pickDevice(e.device, e.noOptimize, mesh.Size())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	// The engine outlives the command's context: a signal must let it drain, not kill it.
-	eng, err := engine.New(context.WithoutCancel(cmd.Context()), m, engine.Options{
+	act, err := activationDType(e.dtype, dev)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	opts := engine.LoadOptions{
+		Optimize: !e.noOptimize, Transforms: e.transforms, Mesh: mesh, DistBackend: e.ranks.distBackend,
+		ActivationDType: act, PagedCache: true,
+	}
+	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
 		QueueOnFull: queueOnFull, MaxQueue: maxQueue,
-	})
+	}
+	// The engine outlives the command's context: a signal must let it drain, not kill it.
+	ctx := context.WithoutCancel(cmd.Context())
+	if dev == engine.DeviceCUDA {
+		m, err := engine.LoadCUDA(cmd.Context(), dir, opts)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		eng, err := engine.NewCUDA(ctx, m, eopts)
+		if err != nil {
+			m.Close()
+			return nil, nil, nil, err
+		}
+		return m.Model, eng, m.Close, nil
+	}
+	m, err := loadWithProgress(cmd, dir, opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	eng, err := engine.New(ctx, m, eopts)
 	if err != nil {
 		m.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return m, eng, nil
+	return m.Model, eng, m.Close, nil
+}
+
+// activationDType resolves --dtype for the device that runs: auto is bf16 on CUDA (what
+// serving engines run; half the memory traffic) and f32 on the CPU (the reference).
+func activationDType(flag string, dev engine.Device) (tensor.DType, error) {
+	switch flag {
+	case "auto", "":
+		if dev == engine.DeviceCUDA {
+			return tensor.BF16, nil
+		}
+		return tensor.F32, nil
+	case "bf16":
+		return tensor.BF16, nil
+	case "f32":
+		return tensor.F32, nil
+	}
+	return tensor.Invalid, fmt.Errorf("--dtype must be auto, bf16 or f32, got %q", flag)
 }
 
 func newServeCmd() *cobra.Command {
@@ -99,11 +147,11 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 				return fmt.Errorf("--port must be between 0 and 65535, got %d", port)
 			}
 			queue := overload == "queue"
-			m, eng, err := ef.start(cmd, dir, queue, maxQueue)
+			m, eng, done, err := ef.start(cmd, dir, queue, maxQueue)
 			if err != nil {
 				return err
 			}
-			defer m.Close()
+			defer done()
 			defer eng.Close()
 			cfg, err := server.ModelConfig(m, name)
 			if err != nil {
