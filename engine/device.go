@@ -143,7 +143,9 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 			resident = append(resident, in.Name)
 		}
 	}
-	prog, err := cuda.Compile(ctx, dev, g, m.Checkpoint, &cuda.Options{ExactF32Linear: act == tensor.F32, Resident: resident})
+	prog, err := cuda.Compile(ctx, dev, g, m.Checkpoint, &cuda.Options{
+		ExactF32Linear: act == tensor.F32, Resident: resident, Graphs: opts.PagedCache && !opts.EagerCUDA,
+	})
 	if err != nil {
 		dev.Close()
 		m.Close()

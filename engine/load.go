@@ -37,6 +37,9 @@ type LoadOptions struct {
 	// the graph runs in an Engine. Load always turns it on when it optimizes; LoadCUDA only
 	// when this is set (without it, the graph runs whole sequences for GreedyRecompute).
 	PagedCache bool
+	// EagerCUDA turns off CUDA graphs: LoadCUDA with PagedCache otherwise captures each
+	// engine step's kernels once per bucket of shapes and replays them (cuda.Options.Graphs).
+	EagerCUDA bool
 }
 
 // withCacheStage returns flags with the cache stage's transforms switched on, before the

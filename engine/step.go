@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/loom-ml/loom/graph"
@@ -100,7 +101,7 @@ type stepSeq struct {
 //	input_ids, positions  i32[1,S]  the tokens and their absolute positions
 //	slot_mapping          i32[S]    the cache slot each token's k and v go to
 //	token_seq             i32[S]    each token's row of block_tables
-//	block_tables          i32[N,M]  each sequence's blocks, padded with -1 to the longest
+//	block_tables          i32[N,M]  each sequence's blocks, padded with -1 to a power of two
 //	logit_rows            i32[N]    each sequence's last token (only when withRows is set)
 //
 // Every sequence must already own blocks for its tokens (kvcache.Allocator.Reserve).
@@ -125,6 +126,10 @@ func stepInputs(alloc *kvcache.Allocator, seqs []stepSeq, withRows bool) (map[st
 			slots, owner = append(slots, slot), append(owner, int32(i))
 		}
 	}
+	// Pad the tables to a power of two blocks: steps then fall into few buckets of shapes,
+	// which a backend that captures each bucket (CUDA graphs) replays instead of recapturing
+	// whenever a sequence crosses a block boundary.
+	M = 1 << bits.Len(uint(M-1))
 	flat := make([]int32, 0, len(seqs)*M)
 	for _, t := range tables {
 		flat = append(flat, t...)

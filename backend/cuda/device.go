@@ -35,6 +35,11 @@ type Device struct {
 	errWord cubind.DevicePtr // int32[4]: flag, id, position, V of a bad embedding id
 	args    cubind.Args
 	closed  bool
+	// capturing is set while a Program captures a CUDA graph: allocating then is an error
+	// (a captured pointer must not go back to the pool).
+	capturing bool
+	// blasWork is cuBLAS's workspace, set explicitly so that GEMMs can be captured.
+	blasWork *block
 }
 
 // DeviceInfo describes a device.
@@ -98,6 +103,12 @@ func Open(ordinal int) (*Device, error) {
 	if d.info.CublasVersion, err = d.blas.Version(); err != nil {
 		return fail(err)
 	}
+	if d.blasWork, err = d.alloc.alloc(blasWorkspaceBytes); err != nil {
+		return fail(err)
+	}
+	if err := d.blas.SetWorkspace(d.blasWork.ptr, blasWorkspaceBytes); err != nil {
+		return fail(err)
+	}
 	b, err := d.alloc.alloc(16)
 	if err != nil {
 		return fail(err)
@@ -108,6 +119,9 @@ func Open(ordinal int) (*Device, error) {
 	}
 	return d, nil
 }
+
+// blasWorkspaceBytes is the size of cuBLAS's workspace (NVIDIA recommends 32 MiB on Hopper).
+const blasWorkspaceBytes = 32 << 20
 
 // describe fills d.info and the compiler settings.
 func (d *Device) describe() error {
@@ -220,6 +234,10 @@ func (d *Device) release() error {
 	if d.errWord != 0 {
 		errs = append(errs, cubind.MemFree(d.errWord))
 		d.errWord = 0
+	}
+	if d.blasWork != nil {
+		d.alloc.release(d.blasWork)
+		d.blasWork = nil
 	}
 	errs = append(errs, d.alloc.Trim())
 	if d.stream != 0 {
@@ -365,6 +383,9 @@ func (d *Device) allocTensor(dt tensor.DType, shape []int) (*Tensor, error) {
 		if n < 0 {
 			return nil, fmt.Errorf("cuda: negative dimension in shape %v", shape)
 		}
+	}
+	if d.capturing {
+		return nil, errors.New("cuda: cannot allocate device memory while capturing a CUDA graph")
 	}
 	b, err := d.alloc.alloc(uint64(tensor.Numel(shape) * dt.Size()))
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"slices"
@@ -161,6 +162,8 @@ type Program struct {
 
 	// resident holds the slots of the inputs Options.Resident names.
 	resident []int
+	// graphs is Options.Graphs.
+	graphs bool
 
 	// Folded counts the nodes evaluated at compile time.
 	Folded int
@@ -181,6 +184,13 @@ type Options struct {
 	// the CPU backend to f32 rounding. Without it such a linear rounds its activations to
 	// bf16 and runs a bf16 GEMM with an f32 result (about 2^-9 relative error per input).
 	ExactF32Linear bool
+	// Graphs captures the kernels of a run as a CUDA graph and replays it, so that a step costs
+	// one launch instead of one per kernel. A graph is made per set of symbol bindings (a
+	// bucket): the first run of a bucket runs eagerly (compiling kernels, checking shapes),
+	// the second captures and replays, later ones replay. Inputs are copied in before and
+	// outputs out after the graph, so replays see new inputs. A bucket whose capture fails
+	// (a kernel that must allocate, for instance) keeps running eagerly.
+	Graphs bool
 	// Resident names graph inputs that live on the device, such as the engine's KV caches
 	// (kv_cache.<layer>.k/.v): the first Run uploads the tensor passed for each, later Runs
 	// use the device copy, which kernels update in place (paged_attention writes the caches),
@@ -222,6 +232,7 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 		return nil, fmt.Errorf("cuda: compile %s: no device", g.Name)
 	}
 	p, slot := newProgram(d, g)
+	p.graphs = opts.Graphs
 	for _, name := range opts.Resident {
 		s := slices.IndexFunc(p.inputs, func(s int) bool { return p.values[s].Name == name })
 		if s < 0 {
@@ -448,8 +459,12 @@ func (p *Program) Close() error {
 		defer p.mu.Unlock()
 		p.dev.Free(p.arena)
 		p.arena = nil
+		var errs []error
+		for _, pl := range p.plans {
+			errs = append(errs, pl.dropGraph())
+		}
 		p.plans = map[string]*memPlan{}
-		return nil
+		return errors.Join(errs...)
 	})
 }
 
@@ -477,6 +492,23 @@ type memPlan struct {
 	// work holds per step the byte offset and size of its workspace (size 0: none).
 	work []workspace
 	size int64
+
+	// runs counts the runs of this plan; graph is its captured steps (with Options.Graphs),
+	// valid while the arena stays at graphArena; noGraph records a failed capture.
+	runs       int
+	graph      cubind.GraphExec
+	graphArena cubind.DevicePtr
+	noGraph    bool
+}
+
+// dropGraph destroys the plan's captured graph, if any.
+func (pl *memPlan) dropGraph() error {
+	if pl.graph == 0 {
+		return nil
+	}
+	err := pl.graph.Destroy()
+	pl.graph, pl.graphArena = 0, 0
+	return err
 }
 
 type workspace struct{ off, size int64 }
@@ -592,6 +624,9 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 		done = append(done, placed{off, off + b.size, b.first, b.last})
 	}
 	if len(p.plans) >= maxPlans {
+		for _, old := range p.plans {
+			old.dropGraph()
+		}
 		clear(p.plans)
 	}
 	p.plans[key] = pl
@@ -666,10 +701,81 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 			return nil, fmt.Errorf("input %q: %w", v.Name, err)
 		}
 	}
+	if err := p.runSteps(ctx, pl, vals); err != nil {
+		return nil, err
+	}
+	res := make([]*tensor.Tensor, len(p.outputs))
+	for i, s := range p.outputs {
+		h, err := d.download(vals[s])
+		if err != nil {
+			return nil, fmt.Errorf("output %d: %w", i, err)
+		}
+		res[i] = h
+	}
+	return res, nil
+}
+
+// runSteps queues the steps of a run whose values are laid out in vals: eagerly, or by
+// capturing and replaying a CUDA graph (Options.Graphs).
+func (p *Program) runSteps(ctx context.Context, pl *memPlan, vals []*Tensor) error {
+	d := p.dev
+	defer func() { pl.runs++ }()
+	if !p.graphs || pl.noGraph || pl.runs == 0 {
+		return p.queueSteps(ctx, pl, vals)
+	}
+	if pl.graph != 0 && pl.graphArena != p.arena.ptr {
+		if err := pl.dropGraph(); err != nil {
+			return err
+		}
+	}
+	if pl.graph == 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		exec, err := p.capture(ctx, pl, vals)
+		if err != nil {
+			slog.Debug("cuda: capture failed; this bucket runs eagerly", "graph", p.g.Name, "err", err)
+			pl.noGraph = true
+			return p.queueSteps(ctx, pl, vals)
+		}
+		pl.graph, pl.graphArena = exec, p.arena.ptr
+	}
+	if err := pl.graph.Launch(d.stream); err != nil {
+		return fmt.Errorf("replay the captured steps: %w", err)
+	}
+	return nil
+}
+
+// capture records the steps into a CUDA graph and instantiates it. Nothing runs.
+func (p *Program) capture(ctx context.Context, pl *memPlan, vals []*Tensor) (cubind.GraphExec, error) {
+	d := p.dev
+	if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
+		return 0, err
+	}
+	d.capturing = true
+	err := p.queueSteps(ctx, pl, vals)
+	d.capturing = false
+	g, endErr := d.stream.EndCapture()
+	if err == nil {
+		err = endErr
+	}
+	if err != nil {
+		if g != 0 {
+			g.Destroy()
+		}
+		return 0, err
+	}
+	defer g.Destroy()
+	return g.Instantiate()
+}
+
+// queueSteps queues the kernels of every step on the device's stream.
+func (p *Program) queueSteps(ctx context.Context, pl *memPlan, vals []*Tensor) error {
+	d := p.dev
 	in, out := []*Tensor{}, []*Tensor{}
 	for i, st := range p.steps {
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("before %s: %w", nodeText(st.node), err)
+			return fmt.Errorf("before %s: %w", nodeText(st.node), err)
 		}
 		if st.k.view {
 			continue
@@ -685,18 +791,10 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 			out = append(out, &Tensor{DType: tensor.Bool, Shape: []int{int(w.size)}, ptr: p.arena.ptr + cubind.DevicePtr(w.off), dev: d})
 		}
 		if err := st.k.run(d, st.node, in, out, st.state); err != nil {
-			return nil, fmt.Errorf("%s: %w", nodeText(st.node), err)
+			return fmt.Errorf("%s: %w", nodeText(st.node), err)
 		}
 	}
-	res := make([]*tensor.Tensor, len(p.outputs))
-	for i, s := range p.outputs {
-		h, err := d.download(vals[s])
-		if err != nil {
-			return nil, fmt.Errorf("output %d: %w", i, err)
-		}
-		res[i] = h
-	}
-	return res, nil
+	return nil
 }
 
 // loadResident uploads each resident input on the first Run and checks later Runs pass the
