@@ -156,11 +156,30 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	return &CUDAModel{Model: m, Graph: g, Transforms: results, Program: prog, dev: dev}, nil
 }
 
+// The default KV cache size on a GPU: this fraction of the memory free after loading,
+// keeping cudaReserveBytes back for activations, cuBLAS and captured graphs.
+const (
+	cudaCacheFraction = 0.9
+	cudaReserveBytes  = 4 << 30
+)
+
 // NewCUDA starts an engine on a model LoadCUDA compiled with the cache stage on. The engine
-// must be closed before the model.
+// must be closed before the model. The KV cache lives on the GPU only; when opts sets no
+// size for it (KVBlocks, KVCacheBytes), it takes cudaCacheFraction of the GPU memory still
+// free after the weights, less cudaReserveBytes for activations.
 func NewCUDA(ctx context.Context, m *CUDAModel, opts Options) (*Engine, error) {
 	if m == nil || m.Model == nil || m.Program == nil {
 		return nil, errors.New("engine: no CUDA model")
+	}
+	if opts.KVBlocks == 0 && opts.KVCacheBytes == 0 {
+		free, _, err := m.dev.MemInfo()
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if free <= cudaReserveBytes {
+			return nil, fmt.Errorf("engine: the GPU has %d MiB free after the weights, too little for a KV cache", free>>20)
+		}
+		opts.KVCacheBytes = int64(float64(free-cudaReserveBytes) * cudaCacheFraction)
 	}
 	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
 	return NewRanks(ctx, []Rank{{Graph: m.Graph, Exe: m.Program}}, info, opts)

@@ -204,7 +204,11 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 	}
 	rs := &rankSet{ranks: ranks}
 	for r, l := range layouts {
-		c, err := kvcache.NewCache(l.Cache, blocks)
+		newCache := kvcache.NewCache
+		if keepsCache(ranks[r].Exe, l.Cache) {
+			newCache = kvcache.NewCacheShapes
+		}
+		c, err := newCache(l.Cache, blocks)
 		if err != nil {
 			return nil, fmt.Errorf("engine: rank %d: %w", r, err)
 		}
@@ -220,6 +224,28 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 		"kv_bytes_per_rank", int64(blocks)*blockBytes, "max_batch", opts.MaxBatch, "max_tokens_per_step", opts.MaxTokensPerStep)
 	go e.loop()
 	return e, nil
+}
+
+// residentExecutable is an Executable that keeps some inputs itself, on its device (such as
+// backend/cuda's Program with Options.Resident).
+type residentExecutable interface {
+	Resident() []string
+}
+
+// keepsCache reports whether exe keeps every cache input of spec itself; the engine then
+// gives it shape-only cache tensors instead of allocating the cache on the host.
+func keepsCache(exe Executable, spec kvcache.Spec) bool {
+	re, ok := exe.(residentExecutable)
+	if !ok {
+		return false
+	}
+	names := re.Resident()
+	for _, l := range spec.Layers {
+		if !slices.Contains(names, l.K) || !slices.Contains(names, l.V) {
+			return false
+		}
+	}
+	return true
 }
 
 func (o Options) withDefaults() (Options, error) {

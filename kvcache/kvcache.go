@@ -94,6 +94,26 @@ func NewCache(spec Spec, numBlocks int) (*Cache, error) {
 	return c, nil
 }
 
+// NewCacheShapes describes cache tensors of numBlocks blocks without allocating them: each
+// has its dtype and shape but no elements. It is for executables that keep the caches
+// themselves, on a device (see backend/cuda's Options.Resident), where host copies would
+// only waste memory.
+func NewCacheShapes(spec Spec, numBlocks int) (*Cache, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if numBlocks < 1 {
+		return nil, fmt.Errorf("kvcache: need at least one block, got %d", numBlocks)
+	}
+	c := &Cache{Spec: spec, NumBlocks: numBlocks}
+	for _, l := range spec.Layers {
+		shape := []int{numBlocks, spec.BlockSize, l.KVHeads, l.HeadDim}
+		c.K = append(c.K, &tensor.Tensor{DType: l.DType, Shape: shape})
+		c.V = append(c.V, &tensor.Tensor{DType: l.DType, Shape: slices.Clone(shape)})
+	}
+	return c, nil
+}
+
 // Bytes is the memory the cache tensors hold.
 func (c *Cache) Bytes() int64 { return int64(c.NumBlocks) * c.Spec.BlockBytes() }
 

@@ -180,3 +180,25 @@ func TestAllocatorConcurrent(t *testing.T) {
 		seen[b] = true
 	}
 }
+
+// Shape-only caches describe the same tensors as NewCache's, holding no elements.
+func TestCacheShapes(t *testing.T) {
+	full, err := NewCache(spec2(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCacheShapes(spec2(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range full.K {
+		for _, p := range [][2]*tensor.Tensor{{c.K[i], full.K[i]}, {c.V[i], full.V[i]}} {
+			if p[0].DType != p[1].DType || !slices.Equal(p[0].Shape, p[1].Shape) || p[0].Len() != 0 {
+				t.Errorf("layer %d: shape-only %s%v holding %d, full %s%v", i, p[0].DType, p[0].Shape, p[0].Len(), p[1].DType, p[1].Shape)
+			}
+		}
+	}
+	if _, err := NewCacheShapes(spec2(), 0); err == nil {
+		t.Error("NewCacheShapes accepted 0 blocks")
+	}
+}

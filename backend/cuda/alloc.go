@@ -131,3 +131,14 @@ func (a *Allocator) Stats() AllocStats {
 	defer a.mu.Unlock()
 	return a.stats
 }
+
+// MemInfo returns the device's free and total memory in bytes, as the driver counts them
+// (memory the pool holds for reuse counts as used).
+func (d *Device) MemInfo() (free, total uint64, err error) {
+	err = d.do(func() error {
+		var err error
+		free, total, err = cubind.MemGetInfo()
+		return err
+	})
+	return free, total, err
+}

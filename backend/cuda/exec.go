@@ -192,10 +192,12 @@ type Options struct {
 	// (a kernel that must allocate, for instance) keeps running eagerly.
 	Graphs bool
 	// Resident names graph inputs that live on the device, such as the engine's KV caches
-	// (kv_cache.<layer>.k/.v): the first Run uploads the tensor passed for each, later Runs
-	// use the device copy, which kernels update in place (paged_attention writes the caches),
-	// and never copy it in again nor back. Every Run must still pass a tensor of the same
-	// shape for each (its contents are then ignored). Close frees them.
+	// (kv_cache.<layer>.k/.v): the first Run uploads the tensor passed for each (or, for a
+	// tensor with a shape but no elements stored, such as kvcache.NewCacheShapes makes,
+	// allocates it zeroed on the device), later Runs use the device copy, which kernels
+	// update in place (paged_attention writes the caches), and never copy it in again nor
+	// back. Every Run must still pass a tensor of the same shape for each (its contents are
+	// then ignored). Close frees them.
 	Resident []string
 }
 
@@ -466,6 +468,15 @@ func (p *Program) Close() error {
 		p.plans = map[string]*memPlan{}
 		return errors.Join(errs...)
 	})
+}
+
+// Resident returns the names of the inputs that live on the device (Options.Resident).
+func (p *Program) Resident() []string {
+	names := make([]string, len(p.resident))
+	for i, s := range p.resident {
+		names[i] = p.values[s].Name
+	}
+	return names
 }
 
 // Graph returns the graph the program was compiled from.
@@ -809,6 +820,14 @@ func (p *Program) loadResident(inputs map[string]*tensor.Tensor) error {
 			continue
 		}
 		err := p.dev.do(func() error {
+			if h.Len() == 0 && h.Numel() > 0 { // shape only: zeros on the device
+				t, err := p.dev.allocTensor(h.DType, h.Shape)
+				if err != nil {
+					return err
+				}
+				p.fixed[s] = t
+				return cubind.MemsetD8Async(t.ptr, 0, uint64(t.Bytes()), p.dev.stream)
+			}
 			t, err := p.dev.upload(h)
 			if err != nil {
 				return err

@@ -91,7 +91,7 @@ func (p *Program) bind(inputs map[string]*tensor.Tensor) (map[string]int, error)
 			errs = append(errs, fmt.Errorf("missing input %q (%s)", v.Name, v.Type))
 			continue
 		}
-		if err := t.Validate(); err != nil {
+		if err := t.Validate(); err != nil && !(p.isResident(s) && t.Len() == 0) {
 			errs = append(errs, fmt.Errorf("input %q: %w", v.Name, err))
 			continue
 		}
@@ -131,3 +131,6 @@ func copyIn(d *Device, dst *Tensor, h *tensor.Tensor) error {
 	}
 	return cubind.MemcpyHtoDAsync(dst.ptr, hostBytes(h), d.stream)
 }
+
+// isResident reports whether slot s is an input named by Options.Resident.
+func (p *Program) isResident(s int) bool { return slices.Contains(p.resident, s) }
