@@ -322,6 +322,9 @@ func (d *Device) sync() error {
 		if err := cubind.MemsetD32Async(d.errWord, 0, 4, d.stream); err != nil {
 			return fmt.Errorf("cuda: sync: %w", err)
 		}
+		if err := pagedError(w); err != nil {
+			return err
+		}
 		return fmt.Errorf("cuda: embedding: id %d (at position %d) is out of range for an embedding table of %d rows", w[1], w[2], w[3])
 	}
 	return nil

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -14,9 +15,16 @@ import (
 // gather that gather_logits adds. Kernels are in kernels/paged.cu.
 
 func init() {
-	opKernels["paged_attention"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.pagedAttention(out[0], in, float32(n.Attrs.Float("scale")), n.Attrs.Int("window"))
-	}}
+	opKernels["paged_attention"] = &opKernel{
+		workspace: func(n *graph.Node, in [][]int) int64 { return PagedAttentionWorkspace(in) },
+		run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+			var ws *Tensor
+			if len(out) > len(n.Outputs) {
+				ws = out[len(n.Outputs)]
+			}
+			return d.pagedAttention(out[0], in, ws, float32(n.Attrs.Float("scale")), n.Attrs.Int("window"))
+		},
+	}
 	opKernels["gather"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
 		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
 		if err != nil {
@@ -29,10 +37,23 @@ func init() {
 // PagedAttention runs graph op paged_attention: in holds q[1,H,S,D], k, v[1,KV,S,D],
 // positions[1,S], k_cache, v_cache[NB,BS,KV,D], slot_mapping[S], token_seq[S] and
 // block_tables[N,M]. It writes this step's k and v into the caches (in place) and then
-// attends into out[1,H,S,D]. Indices outside the cache or the tables are skipped, not
-// reported: a token whose positions cannot be read gives NaN.
-func (d *Device) PagedAttention(out *Tensor, in []*Tensor, scale float32, window int) error {
-	return d.do(func() error { return d.pagedAttention(out, in, scale, window) })
+// attends into out[1,H,S,D]. ws is scratch memory of at least PagedAttentionWorkspace bytes
+// (nil when that is 0); the call allocates nothing and never waits for the device, and its
+// launches depend only on the shapes, so it can be captured in a CUDA graph.
+//
+// When S <= N (decoding: one new token per sequence) a split-KV kernel reads each token's
+// context in parallel splits and a second kernel merges them; otherwise a tiled kernel serves
+// several tokens and all query heads of a KV head per block. Either is correct for any
+// layout of tokens; the choice is only about speed.
+//
+// Indices are checked on the device: a slot_mapping entry outside the cache's NB*BS slots, a
+// token_seq entry outside block_tables' N rows, a position that is negative or at or past
+// M*BS, or a block_tables entry (of a block some token reads) outside the cache's NB blocks
+// is skipped and reported by the next Sync or Download, with the bad value. A token whose
+// context cannot be read gives NaN. Entries of block_tables past a sequence's last position
+// (padding such as -1) are never read.
+func (d *Device) PagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int) error {
+	return d.do(func() error { return d.pagedAttention(out, in, ws, scale, window) })
 }
 
 func is64(t *Tensor) int32 {
@@ -42,7 +63,108 @@ func is64(t *Tensor) int32 {
 	return 0
 }
 
-func (d *Device) pagedAttention(out *Tensor, in []*Tensor, scale float32, window int) error {
+// decodeTargetCTAs is the number of blocks the decode kernel aims for: four per SM of an
+// H100/H200 (132 SMs). A constant rather than the device's count, so that the workspace is
+// a function of shapes alone.
+const decodeTargetCTAs = 4 * 132
+
+// maxDecodeSplits bounds the splits of one token's context.
+const maxDecodeSplits = 64
+
+// decodePlan is the launch configuration of the decode kernel, from shapes only.
+type decodePlan struct {
+	vec, lpr, cpl, gp, u int // template parameters, see paged.cu
+	hgroups, splits      int
+	maxb                 int // table entries a split reads at most
+	shared               int // dynamic shared memory in bytes
+}
+
+// nextPow2 is the smallest power of two >= n (n >= 1).
+func nextPow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// vecElems is the elements of one vector load of a row of D elements of esize bytes: the
+// most that fit 16 bytes and divide D.
+func vecElems(D, esize int) int {
+	v := max(16/esize, 1)
+	for v > 1 && D%v != 0 {
+		v /= 2
+	}
+	return v
+}
+
+func planDecode(H, KV, S, D, M, esize int) decodePlan {
+	var p decodePlan
+	p.vec = vecElems(D, esize)
+	nch := D / p.vec
+	if nch <= 32 {
+		p.lpr, p.cpl = nextPow2(nch), 1
+	} else {
+		p.lpr, p.cpl = 32, (nch+31)/32
+	}
+	G := H / KV
+	p.gp = min(8, nextPow2(G))
+	p.hgroups = (G + p.gp - 1) / p.gp
+	p.u = 4
+	if p.gp*p.vec*p.cpl > 32 {
+		p.u = 2
+	}
+	ctas := max(S*KV*p.hgroups, 1)
+	p.splits = min(maxDecodeSplits, max(1, M/2), (decodeTargetCTAs+ctas-1)/ctas)
+	p.splits = max(p.splits, 1)
+	p.maxb = (M + p.splits - 1) / p.splits
+	p.shared = (p.maxb+3)/4*4*4 + decodeWarps*p.gp*(D+2)*4
+	return p
+}
+
+// decodeWarps, pfRows and pfCols mirror DEC_WARPS, PF_BR and PF_BC in paged.cu.
+const (
+	decodeWarps = 4
+	pfWarps     = 4
+	pfRows      = 32
+	pfCols      = 32
+)
+
+// workspace is the scratch bytes the plan needs: the splits' partials [S][H][splits][D+2]
+// f32 when there is more than one split.
+func (p decodePlan) workspace(H, S, D int) int64 {
+	if p.splits <= 1 {
+		return 0
+	}
+	return int64(S) * int64(H) * int64(p.splits) * int64(D+2) * 4
+}
+
+// PagedAttentionWorkspace returns the bytes of scratch memory PagedAttention needs for the
+// given input shapes (as in: q, k, v, positions, k_cache, v_cache, slot_mapping, token_seq,
+// block_tables); 0 when it needs none. Cache dtypes do not matter.
+func PagedAttentionWorkspace(in [][]int) int64 {
+	if len(in) != 9 || len(in[0]) != 4 || len(in[1]) != 4 || len(in[8]) != 2 {
+		return 0
+	}
+	H, S, D, KV := in[0][1], in[0][2], in[0][3], in[1][1]
+	N, M := in[8][0], in[8][1]
+	if KV == 0 || H%KV != 0 || S == 0 || S > N {
+		return 0
+	}
+	return planDecode(H, KV, S, D, M, 2).workspace(H, S, D)
+}
+
+// prefillDL is the accumulators per lane and row of the prefill kernel: ceil(D/32), with
+// 5..8 rounded up to 8.
+func prefillDL(D int) int {
+	dl := (D + 31) / 32
+	if dl > 4 {
+		dl = 8
+	}
+	return dl
+}
+
+func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int) error {
 	if len(in) != 9 {
 		return fmt.Errorf("cuda: paged_attention: want 9 inputs, got %d", len(in))
 	}
@@ -88,38 +210,116 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, scale float32, window
 	if len(tables.Shape) != 2 {
 		return fmt.Errorf("cuda: paged_attention: block_tables must be [N,M], got %v", tables.Shape)
 	}
-	if D > attMaxD {
-		return fmt.Errorf("cuda: paged_attention: head size %d is above the kernel's limit %d", D, attMaxD)
+	if D > attMaxD || D == 0 {
+		return fmt.Errorf("cuda: paged_attention: head size %d is outside the kernel's range 1..%d", D, attMaxD)
 	}
 	if err := checkOut("output", out, q.DType, q.Shape); err != nil {
 		return fmt.Errorf("cuda: paged_attention: %w", err)
 	}
-	if S == 0 {
+	if S == 0 || H == 0 {
 		return nil
 	}
 	NB, BS, N, M := kc.Shape[0], kc.Shape[1], tables.Shape[0], tables.Shape[1]
-	dl := (D + 31) / 32
-	if dl > 4 {
-		dl = 8
+	if N == 0 || M == 0 {
+		return fmt.Errorf("cuda: paged_attention: block_tables %v has no entries for %d tokens", tables.Shape, S)
 	}
-	inst := fmt.Sprintf("PAGED(%s, %s, %s, %s, %d)", strings.ToUpper(xn), xn, strings.ToUpper(cn), cn, dl)
-	err = d.launchX("paged.cu", inst, "paged_write_"+xn+"_"+cn, cubind.Dim3{X: S, Y: 1, Z: 1}, rowBlock(KV*D), 0, func(a *cubind.Args) {
-		a.Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots)).I32(int32(KV)).I32(int32(S)).
-			I32(int32(D)).I64(int64(NB) * int64(BS))
+	if int64(NB)*int64(BS) > math.MaxInt32 || int64(M)*int64(BS) > math.MaxInt32 {
+		return fmt.Errorf("cuda: paged_attention: cache of %d blocks of %d or tables of %d blocks exceed 2^31 positions", NB, BS, M)
+	}
+	X, C := strings.ToUpper(xn), strings.ToUpper(cn)
+	fail := func(err error) error { return fmt.Errorf("cuda: paged_attention: %w", err) }
+	err = d.launchX("paged.cu", fmt.Sprintf("PAGED_WRITE(%s, %s, %s, %s)", X, xn, C, cn), "paged_write_"+xn+"_"+cn,
+		cubind.Dim3{X: S, Y: 1, Z: 1}, rowBlock(KV*D), 0, func(a *cubind.Args) {
+			a.Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots)).I32(int32(KV)).I32(int32(S)).
+				I32(int32(D)).I64(int64(NB) * int64(BS)).Ptr(d.errWord)
+		})
+	if err != nil {
+		return fail(err)
+	}
+	idx := func(a *cubind.Args) {
+		a.Ptr(pos.ptr).I32(is64(pos)).Ptr(seqs.ptr).I32(is64(seqs)).Ptr(tables.ptr).I32(is64(tables)).
+			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(D)).I32(int32(NB)).I32(int32(BS)).I32(int32(N)).I32(int32(M)).
+			F32(scale).I32(int32(window))
+	}
+	if S <= N {
+		p := planDecode(H, KV, S, D, M, kc.DType.Size())
+		need := p.workspace(H, S, D)
+		var part cubind.DevicePtr
+		if need > 0 {
+			if ws == nil || int64(ws.Bytes()) < need {
+				return fail(fmt.Errorf("workspace of %d bytes is below the %d this call needs", wsBytes(ws), need))
+			}
+			part = ws.ptr
+		}
+		inst, name := decodeKernel(xn, cn, p)
+		err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: decodeWarps * 32, Y: 1, Z: 1}, p.shared, func(a *cubind.Args) {
+			a.Ptr(out.ptr).Ptr(part).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr)
+			idx(a)
+			a.I32(int32(p.maxb)).Ptr(d.errWord)
+		})
+		if err != nil {
+			return fail(err)
+		}
+		if p.splits > 1 {
+			err = d.launchX("paged.cu", fmt.Sprintf("PAGED_COMBINE(%s, %s)", X, xn), "paged_combine_"+xn,
+				cubind.Dim3{X: H, Y: S, Z: 1}, cubind.Dim3{X: min(128, (D+31)/32*32), Y: 1, Z: 1}, 0, func(a *cubind.Args) {
+					a.Ptr(out.ptr).Ptr(part).I32(int32(H)).I32(int32(S)).I32(int32(D)).I32(int32(p.splits))
+				})
+			if err != nil {
+				return fail(err)
+			}
+		}
+		return nil
+	}
+	inst, name, shared := prefillKernel(xn, cn, D, kc.DType.Size())
+	G := H / KV
+	err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: (S*G + pfRows - 1) / pfRows, Y: KV, Z: 1}, cubind.Dim3{X: pfWarps * 32, Y: 1, Z: 1}, shared, func(a *cubind.Args) {
+		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr)
+		idx(a)
+		a.Ptr(d.errWord)
 	})
 	if err != nil {
-		return fmt.Errorf("cuda: paged_attention: %w", err)
+		return fail(err)
 	}
-	const warps = 4
-	tasks := S * H
-	name := fmt.Sprintf("paged_attend_%s_%s_d%d", xn, cn, dl)
-	err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: (tasks + warps - 1) / warps, Y: 1, Z: 1}, cubind.Dim3{X: warps * 32, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
-		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr).Ptr(pos.ptr).I32(is64(pos)).Ptr(seqs.ptr).I32(is64(seqs)).
-			Ptr(tables.ptr).I32(is64(tables)).I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(D)).
-			I32(int32(NB)).I32(int32(BS)).I32(int32(N)).I32(int32(M)).F32(scale).I32(int32(window))
-	})
-	if err != nil {
-		return fmt.Errorf("cuda: paged_attention: %w", err)
+	return nil
+}
+
+func wsBytes(ws *Tensor) int {
+	if ws == nil {
+		return 0
+	}
+	return ws.Bytes()
+}
+
+// decodeKernel returns the instantiation and the name of the decode kernel of a plan.
+func decodeKernel(xn, cn string, p decodePlan) (inst, name string) {
+	inst = fmt.Sprintf("PAGED_DECODE(%s, %s, %s, %s, %d, %d, %d, %d, %d)", strings.ToUpper(xn), xn, strings.ToUpper(cn), cn, p.vec, p.lpr, p.cpl, p.gp, p.u)
+	name = fmt.Sprintf("paged_decode_%s_%s_v%d_l%d_c%d_g%d_u%d", xn, cn, p.vec, p.lpr, p.cpl, p.gp, p.u)
+	return inst, name
+}
+
+// prefillKernel returns the instantiation, name and shared memory of the prefill kernel.
+func prefillKernel(xn, cn string, D, esize int) (inst, name string, shared int) {
+	dl, vec := prefillDL(D), vecElems(D, esize)
+	inst = fmt.Sprintf("PAGED_PREFILL(%s, %s, %s, %s, %d, %d)", strings.ToUpper(xn), xn, strings.ToUpper(cn), cn, dl, vec)
+	name = fmt.Sprintf("paged_prefill_%s_%s_d%d_v%d", xn, cn, dl, vec)
+	dp := (D + 3) / 4 * 4
+	shared = (pfRows*dp+pfCols*(dp+4)+pfCols*dp+pfRows*pfCols)*4 + pfCols*8
+	return inst, name, shared
+}
+
+// pagedError is the error of a device error word a paged_attention kernel set (see
+// paged.cu), or nil for another code.
+func pagedError(w [4]int32) error {
+	switch w[0] {
+	case 2:
+		return fmt.Errorf("cuda: paged_attention: slot_mapping entry %d (token %d) outside the cache's %d slots", w[1], w[2], w[3])
+	case 3:
+		return fmt.Errorf("cuda: paged_attention: block table entry %d (sequence %d) outside the cache's %d blocks", w[1], w[2], w[3])
+	case 4:
+		return fmt.Errorf("cuda: paged_attention: token_seq entry %d (token %d) outside block_tables' %d rows", w[1], w[2], w[3])
+	case 5:
+		return fmt.Errorf("cuda: paged_attention: position %d (token %d) outside the %d positions block_tables covers", w[1], w[2], w[3])
 	}
 	return nil
 }

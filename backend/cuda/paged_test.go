@@ -4,8 +4,13 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -19,14 +24,193 @@ func setInt(t *tensor.Tensor, i, v int) {
 	}
 }
 
+// pagedLayout is the index inputs of one paged_attention step: sequence i has ctx[i]
+// positions cached and nw[i] new tokens, its blocks scattered through a cache of NB blocks.
+type pagedLayout struct {
+	S, N, M, NB              int
+	pos, slots, seqs, tables *tensor.Tensor
+}
+
+// newPagedLayout lays out the step: tokens of each sequence in order (interleaved round
+// robin when interleave is set), unused table entries pad (-1 for ragged padding), and
+// spare extra blocks in the cache.
+func newPagedLayout(rng *rand.Rand, idt tensor.DType, ctx, nw []int, bs, spare, pad int, interleave bool) pagedLayout {
+	var l pagedLayout
+	l.N = len(ctx)
+	need := 0
+	for i := range ctx {
+		l.S += nw[i]
+		nb := (ctx[i] + nw[i] + bs - 1) / bs
+		l.M = max(l.M, nb)
+		need += nb
+	}
+	l.M = max(l.M, 1)
+	l.NB = need + spare
+	perm := rng.Perm(l.NB)
+	l.tables = tensor.New(idt, l.N, l.M)
+	for i := range l.tables.Numel() {
+		setInt(l.tables, i, pad)
+	}
+	first := make([]int, l.N) // the sequence's first block in perm
+	next := 0
+	for i := range ctx {
+		first[i] = next
+		for b := range (ctx[i] + nw[i] + bs - 1) / bs {
+			setInt(l.tables, i*l.M+b, perm[next])
+			next++
+		}
+	}
+	l.pos, l.slots, l.seqs = tensor.New(idt, 1, l.S), tensor.New(idt, l.S), tensor.New(idt, l.S)
+	tok := 0
+	add := func(i, j int) {
+		p := ctx[i] + j
+		setInt(l.pos, tok, p)
+		setInt(l.seqs, tok, i)
+		setInt(l.slots, tok, perm[first[i]+p/bs]*bs+p%bs)
+		tok++
+	}
+	if interleave {
+		for j := 0; tok < l.S; j++ {
+			for i := range ctx {
+				if j < nw[i] {
+					add(i, j)
+				}
+			}
+		}
+	} else {
+		for i := range ctx {
+			for j := range nw[i] {
+				add(i, j)
+			}
+		}
+	}
+	return l
+}
+
+// pagedCase is one paged_attention comparison with the CPU.
+type pagedCase struct {
+	name      string
+	ctx, nw   []int
+	bs, KV, G int
+	D, window int
+	dt, cdt   tensor.DType // activations, caches
+	idt       tensor.DType
+	pad       int // unused table entries
+	inter     bool
+}
+
+// pagedKernels lists the kernel instantiations a case uses, for precompile.
+func (c pagedCase) kernels() []string {
+	xn, cn := dtypeName(c.dt), dtypeName(c.cdt)
+	X, C := strings.ToUpper(xn), strings.ToUpper(cn)
+	S, N, M := 0, len(c.ctx), 0
+	for i := range c.ctx {
+		S += c.nw[i]
+		M = max(M, (c.ctx[i]+c.nw[i]+c.bs-1)/c.bs)
+	}
+	out := []string{fmt.Sprintf("PAGED_WRITE(%s, %s, %s, %s)", X, xn, C, cn)}
+	if S <= N {
+		p := planDecode(c.KV*c.G, c.KV, S, c.D, M, c.cdt.Size())
+		inst, _ := decodeKernel(xn, cn, p)
+		out = append(out, inst)
+		if p.splits > 1 {
+			out = append(out, fmt.Sprintf("PAGED_COMBINE(%s, %s)", X, xn))
+		}
+	} else {
+		inst, _, _ := prefillKernel(xn, cn, c.D, c.cdt.Size())
+		out = append(out, inst)
+	}
+	return out
+}
+
+// precompile compiles the paged.cu instantiations into the kernel cache in parallel, so
+// that the tests that load them one at a time find them there.
+func precompile(t *testing.T, d *Device, file string, extras []string) {
+	t.Helper()
+	seen := map[string]bool{}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(extras))
+	start := time.Now()
+	for _, e := range extras {
+		if seen[e] {
+			continue
+		}
+		seen[e] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := d.comp.cubin(file, e); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("compiled %d instantiations of %s in %v", len(seen), file, time.Since(start).Round(time.Millisecond))
+}
+
+// pagedWorkspace allocates the workspace PagedAttention needs for inputs in (nil for none).
+func pagedWorkspace(t *testing.T, d *Device, in []*Tensor) *Tensor {
+	t.Helper()
+	shapes := make([][]int, len(in))
+	for i, x := range in {
+		shapes[i] = x.Shape
+	}
+	n := PagedAttentionWorkspace(shapes)
+	if n == 0 {
+		return nil
+	}
+	return like(t, d, tensor.New(tensor.Bool, int(n)))[0]
+}
+
+// run compares one case with the CPU reference: the output and both caches.
+func (c pagedCase) run(t *testing.T, d *Device, rng *rand.Rand) {
+	t.Helper()
+	l := newPagedLayout(rng, c.idt, c.ctx, c.nw, c.bs, 3, c.pad, c.inter)
+	H := c.KV * c.G
+	q := randTensor(rng, c.dt, []int{1, H, l.S, c.D}, -2, 2)
+	k := randTensor(rng, c.dt, []int{1, c.KV, l.S, c.D}, -2, 2)
+	v := randTensor(rng, c.dt, []int{1, c.KV, l.S, c.D}, -1, 1)
+	kc := randTensor(rng, c.cdt, []int{l.NB, c.bs, c.KV, c.D}, -2, 2)
+	vc := randTensor(rng, c.cdt, []int{l.NB, c.bs, c.KV, c.D}, -1, 1)
+	in := up(t, d, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables) // before the CPU updates the caches
+	scale := 1 / math.Sqrt(float64(c.D))
+	want := cpuOp(t, "paged_attention", graph.Attrs{"scale": scale, "window": c.window}, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
+	out := like(t, d, want)
+	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), float32(scale), c.window); err != nil {
+		t.Fatal(err)
+	}
+	tl := tol{atol: 2e-5, rtol: 1e-4}
+	if c.dt == tensor.BF16 || c.cdt == tensor.BF16 {
+		tl = tol{atol: 1.0 / 64, rtol: 1.0 / 64}
+	}
+	compare(t, "paged_attention", c.name, down(t, d, out[0]), want, tl)
+	compare(t, "paged_kcache", c.name, down(t, d, in[4]), kc, tol{})
+	compare(t, "paged_vcache", c.name, down(t, d, in[5]), vc, tol{})
+}
+
+func runPagedCases(t *testing.T, seed uint64, cases []pagedCase) {
+	d := gpu(t)
+	var extras []string
+	for _, c := range cases {
+		extras = append(extras, c.kernels()...)
+	}
+	precompile(t, d, "paged.cu", extras)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	for _, c := range cases {
+		c.run(t, d, rng)
+	}
+}
+
 // paged_attention on the GPU matches the CPU reference kernel: output and both caches, for
 // several sequences whose blocks are scattered through the cache, decoding (one new token
 // after a cached context) or prefilling (a whole prompt), with block sizes 1 and 16, GQA
-// 1, 2 and 4, and windows 0 and 3.
+// 1, 2 and 4, windows 0 and 3, and an odd head size (40).
 func TestPagedAttentionMatchesCPU(t *testing.T) {
-	d := gpu(t)
-	rng := rand.New(rand.NewPCG(7, 11))
-	const KV, D = 2, 40
+	var cases []pagedCase
 	for _, bs := range []int{1, 16} {
 		for _, group := range []int{1, 2, 4} {
 			for _, window := range []int{0, 3} {
@@ -40,58 +224,178 @@ func TestPagedAttentionMatchesCPU(t *testing.T) {
 						if mode == "prefill" {
 							ctx, nw = []int{0, 0, 3}, []int{7, 20, 9}
 						}
-						H := KV * group
-						S, M, need := 0, 0, 0
-						for i := range ctx {
-							S += nw[i]
-							nb := (ctx[i] + nw[i] + bs - 1) / bs
-							M = max(M, nb)
-							need += nb
-						}
-						NB := need + 3
-						perm := rng.Perm(NB)
-						tables := tensor.New(idt, len(ctx), M)
-						for i := range tables.Numel() {
-							setInt(tables, i, NB-1) // unused entries point at a real block
-						}
-						slots, seqs, pos := tensor.New(idt, S), tensor.New(idt, S), tensor.New(idt, 1, S)
-						next, tok := 0, 0
-						for i := range ctx {
-							nb := (ctx[i] + nw[i] + bs - 1) / bs
-							for b := range nb {
-								setInt(tables, i*M+b, perm[next])
-								next++
-							}
-							for j := range nw[i] {
-								p := ctx[i] + j
-								setInt(pos, tok, p)
-								setInt(seqs, tok, i)
-								setInt(slots, tok, perm[next-nb+p/bs]*bs+p%bs)
-								tok++
-							}
-						}
-						q := randTensor(rng, dt, []int{1, H, S, D}, -2, 2)
-						k := randTensor(rng, dt, []int{1, KV, S, D}, -2, 2)
-						v := randTensor(rng, dt, []int{1, KV, S, D}, -1, 1)
-						kc := randTensor(rng, dt, []int{NB, bs, KV, D}, -2, 2)
-						vc := randTensor(rng, dt, []int{NB, bs, KV, D}, -1, 1)
-						in := up(t, d, q, k, v, pos, kc, vc, slots, seqs, tables) // before the CPU updates the caches
-						scale := 1 / math.Sqrt(float64(D))
-						want := cpuOp(t, "paged_attention", graph.Attrs{"scale": scale, "window": window}, q, k, v, pos, kc, vc, slots, seqs, tables)[0]
-						out := like(t, d, want)
-						if err := d.PagedAttention(out[0], in, float32(scale), window); err != nil {
-							t.Fatal(err)
-						}
-						tl := tol{atol: 2e-5, rtol: 1e-4}
-						if dt == tensor.BF16 {
-							tl = tol{atol: 1.0 / 64, rtol: 1.0 / 64}
-						}
-						name := fmt.Sprintf("%s %s BS%d H%d KV%d S%d window %d", dt, mode, bs, H, KV, S, window)
-						compare(t, "paged_attention", name, down(t, d, out[0]), want, tl)
-						compare(t, "paged_kcache", name, down(t, d, in[4]), kc, tol{})
-						compare(t, "paged_vcache", name, down(t, d, in[5]), vc, tol{})
+						cases = append(cases, pagedCase{
+							name: fmt.Sprintf("%s %s BS%d G%d window %d", dt, mode, bs, group, window),
+							ctx:  ctx, nw: nw, bs: bs, KV: 2, G: group, D: 40, window: window,
+							dt: dt, cdt: dt, idt: idt, pad: -1,
+						})
 					}
 				}
+			}
+		}
+	}
+	runPagedCases(t, 7, cases)
+}
+
+// The decode kernel (one new token per sequence) matches the CPU for 1, 3 and 64 sequences
+// of contexts 1..700 with ragged -1 padding in block_tables, GQA 1, 4 and 6, head sizes 64
+// and 128, with and without a window, f32 and bf16 (and f32 activations over a bf16 cache).
+func TestPagedDecodeMatchesCPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 9))
+	var cases []pagedCase
+	i := 0
+	for _, N := range []int{1, 3, 64} {
+		for _, G := range []int{1, 4, 6} {
+			for _, D := range []int{64, 128} {
+				for _, dt := range [][2]tensor.DType{{tensor.F32, tensor.F32}, {tensor.BF16, tensor.BF16}, {tensor.F32, tensor.BF16}} {
+					if dt[0] != dt[1] && (G != 4 || D != 128) {
+						continue
+					}
+					ctx, nw := make([]int, N), make([]int, N)
+					for s := range N {
+						ctx[s], nw[s] = rng.IntN(700), 1
+					}
+					if N == 1 {
+						ctx[0] = []int{0, 699, 250}[i%3]
+					}
+					window := []int{0, 37}[i%2]
+					i++
+					cases = append(cases, pagedCase{
+						name: fmt.Sprintf("decode N%d G%d D%d %s/%s window %d", N, G, D, dt[0], dt[1], window),
+						ctx:  ctx, nw: nw, bs: 16, KV: 2, G: G, D: D, window: window,
+						dt: dt[0], cdt: dt[1], idt: tensor.I32, pad: -1,
+					})
+				}
+			}
+		}
+	}
+	runPagedCases(t, 13, cases)
+}
+
+// The prefill kernel matches the CPU for chunks of several tokens of several sequences
+// continuing cached contexts (one of them a single decode token in the same step), tokens
+// of sequences in order or interleaved, GQA 1, 4 and 6, head sizes 64 and 128, windows 0
+// and 20, f32 and bf16.
+func TestPagedPrefillMatchesCPU(t *testing.T) {
+	var cases []pagedCase
+	i := 0
+	for _, G := range []int{1, 4, 6} {
+		for _, D := range []int{64, 128} {
+			for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+				inter := i%3 == 2
+				window := []int{0, 20}[i%2]
+				i++
+				cases = append(cases, pagedCase{
+					name: fmt.Sprintf("prefill G%d D%d %s window %d interleaved %v", G, D, dt, window, inter),
+					ctx:  []int{0, 5, 100, 33, 250}, nw: []int{17, 1, 40, 3, 70}, bs: 16, KV: 2, G: G, D: D,
+					window: window, dt: dt, cdt: dt, idt: tensor.I64, pad: -1, inter: inter,
+				})
+			}
+		}
+	}
+	runPagedCases(t, 17, cases)
+}
+
+// A slot_mapping entry outside the cache and a block_tables entry outside the cache's
+// blocks are reported by the next Sync with the bad value (decode and prefill kernels);
+// the Sync after that is clean.
+func TestPagedAttentionBadIndices(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(21, 23))
+	for _, tc := range []struct {
+		name    string
+		nw      []int
+		corrupt func(l *pagedLayout)
+		want    string
+	}{
+		{"decode bad slot", []int{1, 1}, func(l *pagedLayout) { setInt(l.slots, 1, 999) }, "slot_mapping entry 999 (token 1) outside the cache's"},
+		{"decode bad block", []int{1, 1}, func(l *pagedLayout) { setInt(l.tables, l.M+1, 123) }, "block table entry 123 (sequence 1) outside the cache's"},
+		{"prefill bad block", []int{3, 5}, func(l *pagedLayout) { setInt(l.tables, 0, 123) }, "block table entry 123 (sequence 0) outside the cache's"},
+		{"prefill negative block", []int{3, 5}, func(l *pagedLayout) { setInt(l.tables, l.M, -1) }, "block table entry -1 (sequence 1) outside the cache's"},
+		{"prefill bad sequence", []int{3, 5}, func(l *pagedLayout) { setInt(l.seqs, 2, 7) }, "token_seq entry 7 (token 2) outside block_tables' 2 rows"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newPagedLayout(rng, tensor.I32, []int{20, 40}, tc.nw, 16, 2, -1, false)
+			tc.corrupt(&l)
+			const KV, G, D = 2, 2, 64
+			q := randTensor(rng, tensor.BF16, []int{1, KV * G, l.S, D}, -1, 1)
+			k := randTensor(rng, tensor.BF16, []int{1, KV, l.S, D}, -1, 1)
+			kc := randTensor(rng, tensor.BF16, []int{l.NB, 16, KV, D}, -1, 1)
+			in := up(t, d, q, k, k, l.pos, kc, kc.Clone(), l.slots, l.seqs, l.tables)
+			out := like(t, d, q)
+			if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.125, 0); err != nil {
+				t.Fatal(err)
+			}
+			err := d.Sync()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Sync: %v, want an error containing %q", err, tc.want)
+			}
+			want := fmt.Sprintf("outside the cache's %d blocks", l.NB)
+			if strings.Contains(tc.want, "block table") && err != nil && !strings.Contains(err.Error(), want) {
+				t.Errorf("Sync: %v, want it to name the cache's %d blocks", err, l.NB)
+			}
+			if err := d.Sync(); err != nil {
+				t.Errorf("second Sync: %v", err)
+			}
+		})
+	}
+}
+
+// The workspace is 0 for prefill steps and for decode steps with one split, and covers the
+// splits' partials otherwise.
+func TestPagedAttentionWorkspace(t *testing.T) {
+	shapes := func(H, KV, S, D, N, M int) [][]int {
+		return [][]int{{1, H, S, D}, {1, KV, S, D}, {1, KV, S, D}, {1, S}, {64, 16, KV, D}, {64, 16, KV, D}, {S}, {S}, {N, M}}
+	}
+	for _, tc := range []struct {
+		H, KV, S, D, N, M int
+		splits            int
+	}{
+		{32, 8, 1, 128, 1, 512, maxDecodeSplits}, // long context, one sequence: the most splits
+		{32, 8, 1, 128, 1, 8, 4},                 // short context: at most M/2
+		{32, 8, 256, 128, 256, 64, 1},            // a full batch: no split
+		{32, 8, 100, 128, 4, 64, 0},              // prefill: no workspace
+	} {
+		got := PagedAttentionWorkspace(shapes(tc.H, tc.KV, tc.S, tc.D, tc.N, tc.M))
+		want := int64(0)
+		if tc.splits > 1 {
+			want = int64(tc.S*tc.H*tc.splits*(tc.D+2)) * 4
+		}
+		if got != want {
+			t.Errorf("%+v: workspace %d, want %d", tc, got, want)
+		}
+	}
+}
+
+// The paged kernels compile with NVRTC for every configuration the tests use; this needs
+// NVRTC only, not a GPU.
+func TestPagedKernelsCompile(t *testing.T) {
+	if _, err := cubind.NVRTCLibrary(); err != nil {
+		t.Skip("no NVRTC: " + err.Error())
+	}
+	archs, _ := cubind.NVRTCSupportedArchs()
+	arch := "sm_80"
+	for _, a := range archs {
+		if a == 90 {
+			arch = "sm_90"
+		}
+	}
+	if testDev != nil {
+		arch = testDev.info.Arch
+	}
+	cases := []pagedCase{
+		{ctx: []int{5}, nw: []int{1}, bs: 16, KV: 8, G: 4, D: 128, dt: tensor.BF16, cdt: tensor.BF16},
+		{ctx: []int{5}, nw: []int{1}, bs: 16, KV: 2, G: 6, D: 256, dt: tensor.F32, cdt: tensor.F32},
+		{ctx: []int{5}, nw: []int{9}, bs: 16, KV: 2, G: 1, D: 40, dt: tensor.F32, cdt: tensor.BF16},
+	}
+	for _, c := range cases {
+		for _, e := range c.kernels() {
+			src, err := kernelSource("paged.cu", e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, log, err := cubind.CompileCUBIN(src, "paged.cu", append([]string{"--gpu-architecture=" + arch}, kernelOptions("paged.cu")...)); err != nil {
+				t.Errorf("%s: %v\n%s", e, err, log)
 			}
 		}
 	}
@@ -123,5 +427,75 @@ func TestGatherMatchesCPU(t *testing.T) {
 			t.Fatal(err)
 		}
 		compare(t, "gather", fmt.Sprintf("%s%v axis %d", tc.dt, tc.shape, tc.axis), down(t, d, out[0]), want, tol{})
+	}
+}
+
+// TestPagedTimings times paged_attention (cache write, attention and, with splits, the
+// merge) on Llama-3.1-8B shapes (H 32, KV 8, D 128, bf16 cache of blocks of 16) when
+// LOOM_CUDA_TIMINGS=1, logging µs per call and the bandwidth of the cached K and V it reads.
+func TestPagedTimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	const H, KV, D, BS = 32, 8, 128, 16
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range []struct{ N, ctx, nw int }{
+		{1, 128, 1}, {1, 1024, 1}, {1, 8192, 1}, {64, 256, 1}, {64, 1024, 1}, {1, 0, 2048}, {4, 1024, 512},
+	} {
+		ctx, nw := make([]int, tc.N), make([]int, tc.N)
+		for i := range ctx {
+			ctx[i], nw[i] = tc.ctx, tc.nw
+		}
+		l := newPagedLayout(rng, tensor.I32, ctx, nw, BS, 0, -1, false)
+		zeros := func(dt tensor.DType, shape ...int) *Tensor {
+			x := like(t, d, tensor.New(dt, shape...))[0]
+			if err := d.do(func() error { return cubind.MemsetD8Async(x.ptr, 0, uint64(x.Bytes()), d.stream) }); err != nil {
+				t.Fatal(err)
+			}
+			return x
+		}
+		q, k, v := zeros(tensor.BF16, 1, H, l.S, D), zeros(tensor.BF16, 1, KV, l.S, D), zeros(tensor.BF16, 1, KV, l.S, D)
+		kc, vc := zeros(tensor.BF16, l.NB, BS, KV, D), zeros(tensor.BF16, l.NB, BS, KV, D)
+		idx := up(t, d, l.pos, l.slots, l.seqs, l.tables)
+		in := []*Tensor{q, k, v, idx[0], kc, vc, idx[1], idx[2], idx[3]}
+		out := zeros(tensor.BF16, 1, H, l.S, D)
+		ws := pagedWorkspace(t, d, in)
+		call := func() error { return d.PagedAttention(out, in, ws, 0.088, 0) }
+		for range 3 {
+			if err := call(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		const n = 20
+		start := time.Now()
+		for range n {
+			if err := call(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		el := time.Since(start).Seconds() / n
+		// Cached K and V read: every token reads its context (the prefill's tokens, their
+		// causal share of it).
+		keys, pairs := 0.0, 0.0
+		for range tc.N {
+			for j := range tc.nw {
+				keys += float64(tc.ctx + j + 1)
+			}
+			pairs += float64(tc.nw) * float64(tc.ctx+tc.nw) // an upper bound for flops
+		}
+		msg := ""
+		if tc.nw == 1 {
+			msg = fmt.Sprintf("%.0f GB/s of K/V", keys*KV*D*2*2/el/1e9)
+		} else {
+			msg = fmt.Sprintf("%.1f TFLOP/s (causal)", (pairs-float64(tc.N*tc.nw*tc.nw)/2)*4*D*H/el/1e12)
+		}
+		t.Logf("paged_attention bf16 H32 KV8 D128 N%-3d ctx %-5d new %-5d %9.1f µs  %s", tc.N, tc.ctx, tc.nw, el*1e6, msg)
 	}
 }

@@ -1,28 +1,74 @@
 // Paged KV cache kernels, as graph op paged_attention defines it (graph/catalog_cache.go),
 // and gather.
 //
-// paged_write stores this step's k, v [1,KV,S,D] rows into k_cache, v_cache [NB,BS,KV,D] at
-// slot_mapping[t] (one block per token t). paged_attend then runs one warp per (token,
-// query head): the token's sequence's cached positions lo..hi are read through its
-// block_tables row, scores rounded to the dtype of q·kᵀ and scaled, softmax computed online
-// in f32, values summed in f32. An index outside the cache or the tables is skipped (the
-// row then gives NaN, as a row that sees no key); the engine never passes one.
+// Layouts: q and out [1,H,S,D], k and v [1,KV,S,D], caches [NB,BS,KV,D]; position j of a
+// sequence lives in block block_tables[seq, j/BS] at offset j%BS. Query head h reads KV head
+// h / (H/KV). Token t (of sequence token_seq[t], at position positions[0,t]) sees the cached
+// positions lo..hi, hi = positions[0,t], lo = max(0, hi-window+1) with a window, else 0.
+//
+// Numerics, as the sdpa kernel: raw scores q·k rounded to R (the promoted dtype of q and the
+// cache), scaled; softmax online in f32 (base 2: scores are scaled by log2(e) once); values
+// summed in f32; probabilities are never rounded to q's dtype.
+//
+// Kernels (each launch's grid, block and shared memory depend on shapes only, so that calls
+// can be captured in CUDA graphs; lengths are read on the device):
+//   - paged_write: this step's k, v rows into their slots. One block per token.
+//   - paged_decode: split-KV flash decoding. One block of DEC_WARPS warps per (split, KV
+//     head and group of up to GP of its query heads, token); the split's blocks of the
+//     token's table row are staged in shared memory, keys and values are read straight from
+//     the cache with vector loads (LPR lanes share a row, VEC elements each, CPL chunks per
+//     lane), each warp keeps its own online softmax, then the warps are merged through
+//     shared memory. With one split the block writes out; otherwise it writes a partial
+//     (max, sum, accumulator[D]) per query head to the workspace and paged_combine merges
+//     the splits.
+//   - paged_prefill: tiled flash attention for many tokens: a block covers PF_BR consecutive
+//     rows of the (token, query head of the KV head's group) space, i.e. several tokens and
+//     all query heads sharing one KV head; keys and values of the tokens' sequence go
+//     through shared memory in tiles of PF_BC positions and serve every row. Tokens of
+//     several sequences in one block are handled one run of equal token_seq at a time.
+//
+// Bad indices are reported through err[0..3] (code, value, where, limit; the first error
+// wins) and read by Device.sync: 2 a slot_mapping entry outside the cache's slots, 3 a
+// block_tables entry (of a block some token reads) outside the cache's blocks, 4 a
+// token_seq entry outside block_tables' rows, 5 a position that is negative or past what
+// block_tables' row covers. The kernels then skip what the index names (a row that sees no
+// key gives NaN). Padding entries of block_tables (such as -1) past a sequence's length are
+// never read.
 //
 // Index inputs (positions, slots, sequences, tables) are i32 or i64, chosen at run time.
-// The file holds templates only: backend/cuda appends PAGED(X, XN, C, CN, DL) and
-// GATHER(T, TN) instantiations.
+// The file holds templates only: backend/cuda appends PAGED_WRITE(X, XN, C, CN),
+// PAGED_DECODE(...), PAGED_COMBINE(X, XN), PAGED_PREFILL(...) and GATHER(T, TN)
+// instantiations.
+
+#define LOG2E 1.4426950408889634f
 
 __device__ __forceinline__ i64 load_idx(const void* p, i64 i, int is64) {
   return is64 ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
 }
 
+__device__ __forceinline__ int clamp32(i64 v) {
+  return v > 2147483647LL ? 2147483647 : (v < -2147483647LL ? -2147483647 : (int)v);
+}
+
+// report records the first error of the step: code and three values.
+__device__ __forceinline__ void report(int* err, int code, i64 a, i64 b, i64 c) {
+  if (atomicCAS(err, 0, code) == 0) {
+    err[1] = clamp32(a);
+    err[2] = clamp32(b);
+    err[3] = clamp32(c);
+  }
+}
+
 template <class X, class C>
 __device__ __forceinline__ void paged_write_impl(typename C::T* kc, typename C::T* vc, const typename X::T* k,
                                                  const typename X::T* v, const void* slots, int s64, int KVH,
-                                                 int S, int D, i64 nslots) {
+                                                 int S, int D, i64 nslots, int* err) {
   const int t = blockIdx.x;
   const i64 slot = load_idx(slots, t, s64);
-  if (slot < 0 || slot >= nslots) return;
+  if (slot < 0 || slot >= nslots) {
+    if (threadIdx.x == 0) report(err, 2, slot, t, nslots);
+    return;
+  }
   for (int i = threadIdx.x; i < KVH * D; i += blockDim.x) {
     int h = i / D, d = i - h * D;
     i64 src = ((i64)h * S + t) * D + d;
@@ -32,74 +78,549 @@ __device__ __forceinline__ void paged_write_impl(typename C::T* kc, typename C::
   }
 }
 
-// Scores: q·k rounded to R (the promoted dtype of q and the cache).
-template <class X, class C, class R, int DL>
-__device__ __forceinline__ void paged_attend_impl(typename X::T* out, const typename X::T* q,
-                                                  const typename C::T* kc, const typename C::T* vc, const void* pos,
-                                                  int p64, const void* seqs, int q64, const void* tables, int t64,
-                                                  int H, int KVH, int S, int D, int NB, int BS, int N, int M,
-                                                  float scale, int window) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const i64 task = (i64)blockIdx.x * (blockDim.x >> 5) + warp;
-  if (task >= (i64)S * H) return;  // uniform across the warp
-  const int t = (int)(task / H), h = (int)(task % H);
-  const int kvh = h / (H / KVH);
-  const i64 hi = load_idx(pos, t, p64);
-  const i64 seq = load_idx(seqs, t, q64);
-  i64 lo = 0;
-  if (window > 0) lo = hi - window + 1 > 0 ? hi - window + 1 : 0;
-  float qr[DL], acc[DL];
-#pragma unroll
-  for (int u = 0; u < DL; ++u) {
-    int d = lane + 32 * u;
-    qr[u] = d < D ? X::load(q, ((i64)h * S + t) * D + d) : 0.0f;
-    acc[u] = 0.0f;
+#define PAGED_WRITE(X, XN, C, CN)                                                                                  \
+  extern "C" __global__ void paged_write_##XN##_##CN(C::T* kc, C::T* vc, const X::T* k, const X::T* v,           \
+                                                     const void* slots, int s64, int KVH, int S, int D,           \
+                                                     i64 nslots, int* err) {                                      \
+    paged_write_impl<X, C>(kc, vc, k, v, slots, s64, KVH, S, D, nslots, err);                                    \
   }
-  float m = -LOOM_INF, l = 0.0f;
-  const bool ok = hi >= 0 && seq >= 0 && seq < N && hi / BS < M;
-  for (i64 j = lo; ok && j <= hi; ++j) {
-    i64 blk = load_idx(tables, seq * M + j / BS, t64);
-    if (blk < 0 || blk >= NB) continue;
-    i64 base = ((blk * BS + j % BS) * KVH + kvh) * D;
-    float dot = 0.0f;
-#pragma unroll
-    for (int u = 0; u < DL; ++u) {
-      int d = lane + 32 * u;
-      if (d < D) dot += qr[u] * C::load(kc, base + d);
-    }
-    dot = warp_sum(dot);
-    float sc = R::round(dot) * scale;
-    float mnew = fmaxf(m, sc);
-    float corr = expf(m - mnew), p = expf(sc - mnew);
-    l = l * corr + p;
-#pragma unroll
-    for (int u = 0; u < DL; ++u) {
-      int d = lane + 32 * u;
-      acc[u] = acc[u] * corr + (d < D ? p * C::load(vc, base + d) : 0.0f);
-    }
-    m = mnew;
-  }
-  float inv = l > 0.0f ? 1.0f / l : LOOM_NAN;
-#pragma unroll
-  for (int u = 0; u < DL; ++u) {
-    int d = lane + 32 * u;
-    if (d < D) X::store(out, ((i64)h * S + t) * D + d, acc[u] * inv);
+
+// unpack widens n 32-bit words of cache elements to floats.
+template <class C>
+__device__ __forceinline__ void unpack(const unsigned* w, int n, float* o);
+template <>
+__device__ __forceinline__ void unpack<F32>(const unsigned* w, int n, float* o) {
+  for (int i = 0; i < n; ++i) o[i] = __uint_as_float(w[i]);
+}
+template <>
+__device__ __forceinline__ void unpack<BF16>(const unsigned* w, int n, float* o) {
+  for (int i = 0; i < n; ++i) {
+    o[2 * i] = __uint_as_float(w[i] << 16);
+    o[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
 }
 
-// PAGED(X, XN, C, CN, DL) instantiates paged_write_<XN>_<CN> and paged_attend_<XN>_<CN>_d<DL>.
-#define PAGED(X, XN, C, CN, DL)                                                                                      \
-  extern "C" __global__ void paged_write_##XN##_##CN(C::T* kc, C::T* vc, const X::T* k, const X::T* v,             \
-                                                     const void* slots, int s64, int KVH, int S, int D,             \
-                                                     i64 nslots) {                                                  \
-    paged_write_impl<X, C>(kc, vc, k, v, slots, s64, KVH, S, D, nslots);                                           \
-  }                                                                                                                \
-  extern "C" __global__ void paged_attend_##XN##_##CN##_d##DL(                                                      \
-      X::T* out, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64, const void* seqs, int q64, \
-      const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS, int N, int M, float scale,          \
-      int window) {                                                                                                 \
-    paged_attend_impl<X, C, Promote<X, C>::type, DL>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, KVH, S, D, \
-                                                     NB, BS, N, M, scale, window);                                  \
+// Raw holds VEC cache elements as loaded: whole 32-bit words, or elements when they are
+// narrower than a word in total.
+template <class C, int VEC>
+struct Raw {
+  static constexpr int B = VEC * (int)sizeof(typename C::T);
+  static constexpr int W = B >= 4 ? B / 4 : 1;
+  unsigned w[W];
+  typename C::T e[B >= 4 ? 1 : VEC];
+  __device__ __forceinline__ void load(const typename C::T* p) {
+    if constexpr (B == 16) {
+      uint4 u = *(const uint4*)p;
+      w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else if constexpr (B == 8) {
+      uint2 u = *(const uint2*)p;
+      w[0] = u.x, w[1] = u.y;
+    } else if constexpr (B == 4) {
+      w[0] = *(const unsigned*)p;
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) e[i] = p[i];
+    }
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < (B >= 4 ? 1 : VEC); ++i) e[i] = 0;
+  }
+  __device__ __forceinline__ void widen(float* o) const {
+    if constexpr (B >= 4) {
+      unpack<C>(w, W, o);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o[i] = C::load(e, i);
+    }
+  }
+};
+
+#define DEC_WARPS 4
+
+// paged_decode: see the file comment. Grid (splits, KV*hgroups, S), block DEC_WARPS*32,
+// shared memory: ints for the split's table entries (maxb of them), then floats for the
+// warps' merge (DEC_WARPS * GP * (D + 2)). U keys per lane group and round.
+template <class X, class C, class R, int VEC, int LPR, int CPL, int GP, int U>
+__device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* part, const typename X::T* q,
+                                                  const typename C::T* kc, const typename C::T* vc,
+                                                  const void* pos, int p64, const void* seqs, int q64,
+                                                  const void* tables, int t64, int H, int KVH, int S, int D,
+                                                  int NB, int BS, int N, int M, float scale, int window, int maxb,
+                                                  int* err) {
+  constexpr int KPW = 32 / LPR;    // keys per warp and unroll step
+  constexpr int EPL = VEC * CPL;   // elements of a row per lane
+  extern __shared__ int dsm[];
+  int* sblk = dsm;                                   // [maxb]
+  float* sred = (float*)(dsm + ((maxb + 3) & ~3));   // [DEC_WARPS][GP][D+2]
+
+  const int splits = gridDim.x, sp = blockIdx.x;
+  const int G = H / KVH;
+  const int hgroups = (G + GP - 1) / GP;
+  const int g = blockIdx.y / hgroups, hg = blockIdx.y - g * hgroups;
+  const int t = blockIdx.z;
+  const int h0 = g * G + hg * GP;
+  const int nh = min(GP, G - hg * GP);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kg = lane / LPR, c0 = lane - kg * LPR;
+  const int nch = D / VEC;
+  const bool reporter = sp == 0 && blockIdx.y == 0 && threadIdx.x == 0;
+
+  const i64 hi = load_idx(pos, t, p64);
+  const i64 seq = load_idx(seqs, t, q64);
+  bool ok = true;
+  if (seq < 0 || seq >= N) {
+    if (reporter) report(err, 4, seq, t, N);
+    ok = false;
+  } else if (hi < 0 || hi / BS >= M) {
+    if (reporter) report(err, 5, hi, t, (i64)M * BS);
+    ok = false;
+  }
+  i64 lo = 0;
+  if (window > 0) lo = hi - window + 1 > 0 ? hi - window + 1 : 0;
+  int bstart = 0, bend = -1;  // the split's blocks of the table row
+  if (ok) {
+    const int blo = (int)(lo / BS), bhi = (int)(hi / BS);
+    const int cb = (bhi - blo + 1 + splits - 1) / splits;
+    bstart = blo + sp * cb;
+    bend = min(bhi, bstart + cb - 1);
+  }
+  const int nb = bend - bstart + 1;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+    i64 b = load_idx(tables, seq * M + bstart + i, t64);
+    if (b < 0 || b >= NB) {
+      if (blockIdx.y == 0) report(err, 3, b, seq, NB);
+      b = -1;
+    }
+    sblk[i] = (int)b;
+  }
+  __syncthreads();
+
+  float qr[GP][EPL];
+#pragma unroll
+  for (int j = 0; j < GP; ++j)
+#pragma unroll
+    for (int c = 0; c < CPL; ++c)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        int d = (c0 + c * LPR) * VEC + e;
+        qr[j][c * VEC + e] = (j < nh && c0 + c * LPR < nch) ? X::load(q, ((i64)(h0 + j) * S + t) * D + d) : 0.0f;
+      }
+  float m[GP], l[GP], acc[GP][EPL];
+#pragma unroll
+  for (int j = 0; j < GP; ++j) {
+    m[j] = -LOOM_INF;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
+  }
+  const float sl2 = scale * LOG2E;
+  if (nb > 0) {
+    const int p0 = (int)max(lo, (i64)bstart * BS), p1 = (int)min(hi, (i64)(bend + 1) * BS - 1);
+    const i64 kvstride = (i64)KVH * D;
+    for (int base = p0 + warp * KPW * U; base <= p1; base += DEC_WARPS * KPW * U) {
+      Raw<C, VEC> kr[U][CPL], vr[U][CPL];
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int p = base + u * KPW + kg;
+        int blk = -1;
+        if (p <= p1) blk = sblk[p / BS - bstart];
+        valid[u] = blk >= 0;
+        const i64 off = valid[u] ? ((i64)blk * BS + p % BS) * kvstride + (i64)g * D : 0;
+#pragma unroll
+        for (int c = 0; c < CPL; ++c) {
+          const int ch = c0 + c * LPR;
+          if (valid[u] && ch < nch) {
+            kr[u][c].load(kc + off + ch * VEC);
+            vr[u][c].load(vc + off + ch * VEC);
+          } else {
+            kr[u][c].zero();
+            vr[u][c].zero();
+          }
+        }
+      }
+      float s[U][GP];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float kf[EPL];
+#pragma unroll
+        for (int c = 0; c < CPL; ++c) kr[u][c].widen(kf + c * VEC);
+#pragma unroll
+        for (int j = 0; j < GP; ++j) {
+          float a = 0.0f;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) a = __fmaf_rn(qr[j][e], kf[e], a);
+          s[u][j] = a;
+        }
+      }
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int j = 0; j < GP; ++j) s[u][j] += __shfl_xor_sync(FULL_MASK, s[u][j], o);
+#pragma unroll
+      for (int j = 0; j < GP; ++j) {
+        float tm = -LOOM_INF;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          s[u][j] = valid[u] ? R::round(s[u][j]) * sl2 : -LOOM_INF;
+          tm = fmaxf(tm, s[u][j]);
+        }
+        const float mnew = fmaxf(m[j], warp_max(tm));
+        if (mnew == -LOOM_INF) continue;  // uniform across the warp
+        const float corr = exp2f(m[j] - mnew);
+        l[j] *= corr;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[j][e] *= corr;
+        m[j] = mnew;
+#pragma unroll
+        for (int u = 0; u < U; ++u) s[u][j] = exp2f(s[u][j] - mnew);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float vf[EPL];
+#pragma unroll
+        for (int c = 0; c < CPL; ++c) vr[u][c].widen(vf + c * VEC);
+#pragma unroll
+        for (int j = 0; j < GP; ++j) {
+          if (m[j] == -LOOM_INF) continue;
+          l[j] += s[u][j];
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) acc[j][e] = __fmaf_rn(s[u][j], vf[e], acc[j][e]);
+        }
+      }
+    }
+  }
+  // Merge the key groups of the warp (lanes that share c0), then the warps.
+#pragma unroll
+  for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+    for (int j = 0; j < GP; ++j) {
+      l[j] += __shfl_xor_sync(FULL_MASK, l[j], o);
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[j][e] += __shfl_xor_sync(FULL_MASK, acc[j][e], o);
+    }
+  const int rec = D + 2;
+#pragma unroll
+  for (int j = 0; j < GP; ++j) {
+    float* r = sred + (warp * GP + j) * rec;
+    if (lane == 0) {
+      r[0] = m[j];
+      r[1] = l[j];
+    }
+    if (kg == 0) {
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        const int ch = c0 + c * LPR;
+        if (ch < nch)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) r[2 + ch * VEC + e] = acc[j][c * VEC + e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
+    const int j = i / D, d = i - j * D;
+    float mx = -LOOM_INF;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, sred[(w * GP + j) * rec]);
+    float L = 0.0f, A = 0.0f;
+    if (mx != -LOOM_INF) {
+#pragma unroll
+      for (int w = 0; w < DEC_WARPS; ++w) {
+        const float* r = sred + (w * GP + j) * rec;
+        const float f = exp2f(r[0] - mx);
+        L += r[1] * f;
+        A += r[2 + d] * f;
+      }
+    }
+    const int h = h0 + j;
+    if (splits == 1) {
+      X::store(out, ((i64)h * S + t) * D + d, L > 0.0f ? A / L : LOOM_NAN);
+    } else {
+      float* pr = part + (((i64)t * H + h) * splits + sp) * rec;
+      if (d == 0) {
+        pr[0] = mx;
+        pr[1] = L;
+      }
+      pr[2 + d] = A;
+    }
+  }
+}
+
+#define PAGED_DECODE(X, XN, C, CN, VEC, LPR, CPL, GP, U)                                                          \
+  extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                                    \
+      paged_decode_##XN##_##CN##_v##VEC##_l##LPR##_c##CPL##_g##GP##_u##U(                                         \
+          X::T* out, float* part, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64,        \
+          const void* seqs, int q64, const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS,   \
+          int N, int M, float scale, int window, int maxb, int* err) {                                            \
+    paged_decode_impl<X, C, Promote<X, C>::type, VEC, LPR, CPL, GP, U>(out, part, q, kc, vc, pos, p64, seqs, q64, \
+                                                                       tables, t64, H, KVH, S, D, NB, BS, N, M,   \
+                                                                       scale, window, maxb, err);                 \
+  }
+
+// paged_combine merges the splits' partials [S][H][splits][D+2] (max in base 2, sum,
+// accumulator) into out[1,H,S,D]. One block per (head, token).
+template <class X>
+__device__ __forceinline__ void paged_combine_impl(typename X::T* out, const float* part, int H, int S, int D,
+                                                   int splits) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int rec = D + 2;
+  const float* pr = part + ((i64)t * H + h) * splits * rec;
+  float mx = -LOOM_INF;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pr[(i64)s * rec]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0.0f, A = 0.0f;
+    if (mx != -LOOM_INF) {
+      for (int s = 0; s < splits; ++s) {
+        const float* r = pr + (i64)s * rec;
+        const float f = exp2f(r[0] - mx);  // 0 for an empty split (max -inf)
+        L += r[1] * f;
+        A += r[2 + d] * f;
+      }
+    }
+    X::store(out, ((i64)h * S + t) * D + d, L > 0.0f ? A / L : LOOM_NAN);
+  }
+}
+
+#define PAGED_COMBINE(X, XN)                                                                                     \
+  extern "C" __global__ void paged_combine_##XN(X::T* out, const float* part, int H, int S, int D, int splits) { \
+    paged_combine_impl<X>(out, part, H, S, D, splits);                                                          \
+  }
+
+#define PF_WARPS 4
+#define PF_ROWS 8
+#define PF_BR (PF_WARPS * PF_ROWS)
+#define PF_BC 32
+
+// paged_prefill: see the file comment. Grid (ceil(S*G/PF_BR), KV), block PF_WARPS*32.
+// Shared memory (Dp = D rounded up to 4): Qs [PF_BR][Dp], Ks [PF_BC][Dp+4], Vs [PF_BC][Dp],
+// Ps [PF_BR][PF_BC] floats, then Kslot [PF_BC] i64. VEC cache elements per vector load.
+template <class X, class C, class R, int DL, int VEC>
+__device__ __forceinline__ void paged_prefill_impl(typename X::T* out, const typename X::T* q,
+                                                   const typename C::T* kc, const typename C::T* vc,
+                                                   const void* pos, int p64, const void* seqs, int q64,
+                                                   const void* tables, int t64, int H, int KVH, int S, int D,
+                                                   int NB, int BS, int N, int M, float scale, int window, int* err) {
+  extern __shared__ float psm[];
+  const int Dp = (D + 3) & ~3;
+  float* Qs = psm;
+  float* Ks = Qs + PF_BR * Dp;
+  float* Vs = Ks + PF_BC * (Dp + 4);
+  float* Ps = Vs + PF_BC * Dp;
+  i64* Kslot = (i64*)(Ps + PF_BR * PF_BC);
+
+  const int G = H / KVH;
+  const int g = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const i64 rows = (i64)S * G;
+  const i64 r0 = (i64)blockIdx.x * PF_BR;
+  const int nch = D / VEC;
+
+  // Zero the padding columns of Ks and Vs once; loads never write them.
+  for (int i = threadIdx.x; i < PF_BC * 8; i += blockDim.x) {
+    const int jj = i >> 3, d = D + (i & 7);
+    if (d < Dp + 4) Ks[jj * (Dp + 4) + d] = 0.0f;
+    if (d < Dp) Vs[jj * Dp + d] = 0.0f;
+  }
+  for (int i = threadIdx.x; i < PF_BR * Dp; i += blockDim.x) {
+    const int r = i / Dp, d = i - r * Dp;
+    const i64 f = r0 + r;
+    float x = 0.0f;
+    if (f < rows && d < D) {
+      const int t = (int)(f / G), h = g * G + (int)(f % G);
+      x = X::load(q, ((i64)h * S + t) * D + d);
+    }
+    Qs[i] = x;
+  }
+  // This warp's rows: token, bounds, state.
+  int rtok[PF_ROWS], rlo[PF_ROWS], rhi[PF_ROWS];  // positions fit in int (checked by the host)
+  bool rok[PF_ROWS];
+  float m[PF_ROWS], l[PF_ROWS], acc[PF_ROWS][DL];
+#pragma unroll
+  for (int j = 0; j < PF_ROWS; ++j) {
+    const i64 f = r0 + warp * PF_ROWS + j;
+    rok[j] = f < rows;
+    rtok[j] = rok[j] ? (int)(f / G) : -1;
+    rlo[j] = 0;
+    rhi[j] = -1;
+    if (rok[j]) {
+      const i64 hi = load_idx(pos, rtok[j], p64), seq = load_idx(seqs, rtok[j], q64);
+      const bool first = g == 0 && f % G == 0 && lane == 0;  // one report per token
+      if (seq < 0 || seq >= N) {
+        if (first) report(err, 4, seq, rtok[j], N);
+        rok[j] = false;
+      } else if (hi < 0 || hi / BS >= M) {
+        if (first) report(err, 5, hi, rtok[j], (i64)M * BS);
+        rok[j] = false;
+      } else {
+        rhi[j] = (int)hi;
+        if (window > 0) rlo[j] = hi - window + 1 > 0 ? (int)(hi - window + 1) : 0;
+      }
+    }
+    m[j] = -LOOM_INF;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < DL; ++u) acc[j][u] = 0.0f;
+  }
+  const float sl2 = scale * LOG2E;
+  const int tfirst = (int)(r0 / G);
+  const int tlast = (int)((min(rows, r0 + PF_BR) - 1) / G);
+  // Runs of tokens of one sequence, in order.
+  for (int ts = tfirst; ts <= tlast;) {
+    const i64 cur = load_idx(seqs, ts, q64);
+    int te = ts;
+    i64 klo = (i64)1 << 62, khi = -1;
+    for (;; ++te) {
+      const i64 hi = load_idx(pos, te, p64);
+      if (cur >= 0 && cur < N && hi >= 0 && hi / BS < M) {
+        i64 lo = 0;
+        if (window > 0) lo = hi - window + 1 > 0 ? hi - window + 1 : 0;
+        klo = min(klo, lo);
+        khi = max(khi, hi);
+      }
+      if (te + 1 > tlast || load_idx(seqs, te + 1, q64) != cur) break;
+    }
+    // Rows of this run that this warp owns, and the last position any of them sees.
+    bool in[PF_ROWS];
+    int whi = -1, wlo = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < PF_ROWS; ++j) {
+      in[j] = rok[j] && rtok[j] >= ts && rtok[j] <= te;
+      if (in[j]) {
+        whi = max(whi, rhi[j]);
+        wlo = min(wlo, rlo[j]);
+      }
+    }
+    for (i64 kt = klo; kt <= khi; kt += PF_BC) {
+      if (threadIdx.x < PF_BC) {
+        const i64 p = kt + threadIdx.x;
+        i64 slot = -1;
+        if (p <= khi) {
+          i64 b = load_idx(tables, cur * M + p / BS, t64);
+          if (b < 0 || b >= NB) {
+            if (g == 0 && (p % BS == 0 || p == kt)) report(err, 3, b, cur, NB);
+          } else {
+            slot = b * BS + p % BS;
+          }
+        }
+        Kslot[threadIdx.x] = slot;
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < PF_BC * nch; i += blockDim.x) {
+        const int jj = i / nch, ch = i - jj * nch;
+        const i64 slot = Kslot[jj];
+        Raw<C, VEC> kr, vr;
+        if (slot >= 0) {
+          const i64 off = (slot * KVH + g) * D + ch * VEC;
+          kr.load(kc + off);
+          vr.load(vc + off);
+        } else {
+          kr.zero();
+          vr.zero();
+        }
+        float kf[VEC], vf[VEC];
+        kr.widen(kf);
+        vr.widen(vf);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          Ks[jj * (Dp + 4) + ch * VEC + e] = kf[e];
+          Vs[jj * Dp + ch * VEC + e] = vf[e];
+        }
+      }
+      __syncthreads();
+      // The warp skips tiles none of its rows of this run sees (uniform across the warp).
+      if (whi >= kt && wlo < kt + PF_BC) {
+        const int p = (int)kt + lane;
+        const bool kin = Kslot[lane] >= 0;
+        float sc[PF_ROWS];
+#pragma unroll
+        for (int j = 0; j < PF_ROWS; ++j) sc[j] = 0.0f;
+        const float4* kr4 = (const float4*)(Ks + lane * (Dp + 4));
+        const float4* q4 = (const float4*)(Qs + warp * PF_ROWS * Dp);
+        for (int d4 = 0; d4 < Dp / 4; ++d4) {
+          const float4 kv = kr4[d4];
+#pragma unroll
+          for (int j = 0; j < PF_ROWS; ++j) {
+            const float4 qv = q4[j * (Dp / 4) + d4];
+            sc[j] = __fmaf_rn(qv.x, kv.x, sc[j]);
+            sc[j] = __fmaf_rn(qv.y, kv.y, sc[j]);
+            sc[j] = __fmaf_rn(qv.z, kv.z, sc[j]);
+            sc[j] = __fmaf_rn(qv.w, kv.w, sc[j]);
+          }
+        }
+        float* pw = Ps + warp * PF_ROWS * PF_BC;
+#pragma unroll
+        for (int j = 0; j < PF_ROWS; ++j) {
+          const bool vis = in[j] && kin && p >= rlo[j] && p <= rhi[j];
+          const float s = vis ? R::round(sc[j]) * sl2 : -LOOM_INF;
+          const float mnew = fmaxf(m[j], warp_max(s));
+          float pj = 0.0f;
+          if (mnew != -LOOM_INF) {  // uniform across the warp
+            pj = vis ? exp2f(s - mnew) : 0.0f;
+            const float corr = exp2f(m[j] - mnew);
+            l[j] = l[j] * corr + warp_sum(pj);
+#pragma unroll
+            for (int u = 0; u < DL; ++u) acc[j][u] *= corr;
+            m[j] = mnew;
+          }
+          pw[j * PF_BC + lane] = pj;
+        }
+        __syncwarp();
+        for (int jj = 0; jj < PF_BC; jj += 4) {
+          float vv[4][DL];
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int u = 0; u < DL; ++u) {
+              const int d = lane + 32 * u;
+              vv[a][u] = d < Dp ? Vs[(jj + a) * Dp + d] : 0.0f;
+            }
+#pragma unroll
+          for (int j = 0; j < PF_ROWS; ++j) {
+            const float4 p4 = *(const float4*)(pw + j * PF_BC + jj);
+#pragma unroll
+            for (int u = 0; u < DL; ++u) {
+              float a = acc[j][u];
+              a = __fmaf_rn(p4.x, vv[0][u], a);
+              a = __fmaf_rn(p4.y, vv[1][u], a);
+              a = __fmaf_rn(p4.z, vv[2][u], a);
+              a = __fmaf_rn(p4.w, vv[3][u], a);
+              acc[j][u] = a;
+            }
+          }
+        }
+        __syncwarp();
+      }
+      __syncthreads();
+    }
+    ts = te + 1;
+  }
+#pragma unroll
+  for (int j = 0; j < PF_ROWS; ++j) {
+    const i64 f = r0 + warp * PF_ROWS + j;
+    if (f >= rows) continue;
+    const int t = (int)(f / G), h = g * G + (int)(f % G);
+    const float inv = l[j] > 0.0f ? 1.0f / l[j] : LOOM_NAN;
+#pragma unroll
+    for (int u = 0; u < DL; ++u) {
+      const int d = lane + 32 * u;
+      if (d < D) X::store(out, ((i64)h * S + t) * D + d, acc[j][u] * inv);
+    }
+  }
+}
+
+#define PAGED_PREFILL(X, XN, C, CN, DL, VEC)                                                                     \
+  extern "C" __global__ void __launch_bounds__(PF_WARPS * 32) paged_prefill_##XN##_##CN##_d##DL##_v##VEC(       \
+      X::T* out, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64, const void* seqs,      \
+      int q64, const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS, int N, int M,          \
+      float scale, int window, int* err) {                                                                      \
+    paged_prefill_impl<X, C, Promote<X, C>::type, DL, VEC>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, \
+                                                           KVH, S, D, NB, BS, N, M, scale, window, err);        \
   }
 
 // gather copies x[outer, A, inner] rows by idx[n] into out[outer, n, inner]; an index
