@@ -173,3 +173,84 @@ func checkNormWeight(x, w Type) error {
 	}
 	return nil
 }
+
+// Fused ops over packed projections: the fused q/k/v and gate/up GEMMs (transform fuse_gemms)
+// write their results side by side on the last axis, and these ops read them in place of the
+// split and the copies that lay them out.
+
+func init() {
+	Register(&OpSpec{
+		Name: "qkv_rope", Doc: "Lays out the packed q|k|v projections x[B,S,(H+2*KV)*D] (last axis: H heads of q, then KV of k, then KV of v, each D wide) as q[B,H,S,D], k[B,KV,S,D] and v[B,KV,S,D], and rotates q and k at positions[B,S] exactly as op rope does. Returns (q, k, v).",
+		Inputs: []string{"x", "positions"},
+		Attrs: []AttrSpec{
+			{Name: "heads", Type: AttrInt, Doc: "query heads H"},
+			{Name: "kv_heads", Type: AttrInt, Doc: "key/value heads KV"},
+			{Name: "inv_freq", Type: AttrFloats, Doc: "the D/2 inverse frequencies"},
+			{Name: "scaling", Type: AttrFloat, Default: 1.0, Doc: "attention scaling applied to cos and sin"},
+		},
+		Infer: func(n *Node) ([]Type, error) {
+			x, pos := inType(n, 0), inType(n, 1)
+			if len(pos.Shape) != 2 || !pos.DType.IsInt() {
+				return nil, fmt.Errorf("positions must be integer [B,S], got %s", pos)
+			}
+			if len(x.Shape) != 3 || !x.DType.IsFloat() || x.Shape[0] != pos.Shape[0] || x.Shape[1] != pos.Shape[1] {
+				return nil, fmt.Errorf("x must be float [B,S,(H+2*KV)*D] fitting positions %s, got %s", pos.Shape, x)
+			}
+			H, KV, half := n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), len(n.Attrs.Floats("inv_freq"))
+			if H < 1 || KV < 1 || half < 1 || H > math.MaxInt32 || KV > math.MaxInt32 || half > math.MaxInt32 {
+				return nil, fmt.Errorf("qkv_rope needs heads, kv_heads and inverse frequencies >= 1, got %d, %d and %d", H, KV, half)
+			}
+			hd := 2 * half
+			if last := x.Shape[2]; last.IsSym() || last.Size%hd != 0 || last.Size/hd != H+2*KV {
+				return nil, fmt.Errorf("x's last axis %s is not (%d+2*%d)*%d", last, H, KV, hd)
+			}
+			b, s := x.Shape[0], x.Shape[1]
+			return []Type{
+				{x.DType, Shape{b, D(H), s, D(hd)}},
+				{x.DType, Shape{b, D(KV), s, D(hd)}},
+				{x.DType, Shape{b, D(KV), s, D(hd)}},
+			}, nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			x, pos := n.Inputs[0], n.Inputs[1]
+			H, KV, hd := n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), n.Outputs[0].Type.Shape[3]
+			bd, sd := x.Type.Shape[0], x.Type.Shape[1]
+			parts := b.Split(x, -1, H*hd.Size, KV*hd.Size, KV*hd.Size)
+			if err := b.Err(); err != nil {
+				return nil, err
+			}
+			heads := []int{H, KV, KV}
+			for i, p := range parts {
+				parts[i] = b.Transpose(b.Reshape(p, bd, sd, D(heads[i]), hd), 0, 2, 1, 3)
+			}
+			cos, sin := DecomposeRotaryTables(b, pos, n.Attrs.Floats("inv_freq"), n.Attrs.Float("scaling"), x.Type.DType)
+			return []*Value{ApplyRotary(b, parts[0], cos, sin), ApplyRotary(b, parts[1], cos, sin), parts[2]}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "swiglu_packed", Doc: "swiglu of the packed gate|up projections: x[...,2I] (gate on the first I of the last axis, up on the last I) -> silu(gate) * up [...,I].",
+		Inputs: []string{"x"},
+		Infer: func(n *Node) ([]Type, error) {
+			x := inType(n, 0)
+			if len(x.Shape) == 0 || !x.DType.IsFloat() {
+				return nil, fmt.Errorf("x must be a float tensor [...,2I], got %s", x)
+			}
+			last := x.Shape[len(x.Shape)-1]
+			if last.IsSym() || last.Size%2 != 0 {
+				return nil, fmt.Errorf("x's last axis %s is not of a constant even size", last)
+			}
+			out := x.Shape.Clone()
+			out[len(out)-1] = D(last.Size / 2)
+			return one(Type{x.DType, out}), nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			x := n.Inputs[0]
+			half := x.Type.Shape[len(x.Type.Shape)-1].Size / 2
+			parts := b.Split(x, -1, half, half)
+			if err := b.Err(); err != nil {
+				return nil, err
+			}
+			return []*Value{b.Op("swiglu", nil, parts[0], parts[1])}, b.Err()
+		},
+	})
+}

@@ -306,6 +306,7 @@ func inferCases() []inferCase {
 			inferCase{op: op, in: []Type{ty(f32t, 2, 3)}, attrs: Attrs{"axes": []int{}}, err: op + " needs at least one axis"},
 		)
 	}
+	cases = append(cases, packedInferCases()...)
 	return cases
 }
 
@@ -401,5 +402,94 @@ func TestCatalogDeclarations(t *testing.T) {
 		if !validName(s.Name) {
 			t.Errorf("op name %q is not a valid name", s.Name)
 		}
+	}
+}
+
+// packedInferCases are the inference cases of the fused ops over packed projections,
+// qkv_rope and swiglu_packed.
+func packedInferCases() []inferCase {
+	inv := []float64{1, 0.5, 0.25, 0.125} // D = 8
+	qkv := func(h, kv int, extra Attrs) Attrs {
+		a := Attrs{"heads": h, "kv_heads": kv, "inv_freq": inv}
+		for k, v := range extra {
+			a[k] = v
+		}
+		return a
+	}
+	return []inferCase{
+		{op: "qkv_rope", in: []Type{ty(bf16, "B", "S", 64), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil),
+			want: []Type{ty(bf16, "B", 4, "S", 8), ty(bf16, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
+		{op: "qkv_rope", in: []Type{ty(f32t, 1, "S", 24), ty(i64, 1, "S")}, attrs: qkv(1, 1, Attrs{"scaling": 0.5}),
+			want: []Type{ty(f32t, 1, 1, "S", 8), ty(f32t, 1, 1, "S", 8), ty(f32t, 1, 1, "S", 8)}},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 56), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil), err: "last axis 56 is not (4+2*2)*8"},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", "N"), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil), err: "last axis N is not"},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 64), ty(i32, "S")}, attrs: qkv(4, 2, nil), err: "positions must be integer [B,S]"},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 64), ty(f32t, "B", "S")}, attrs: qkv(4, 2, nil), err: "positions must be integer [B,S]"},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "T", 64), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil), err: "x must be float [B,S,(H+2*KV)*D] fitting positions"},
+		{op: "qkv_rope", in: []Type{ty(i32, "B", "S", 64), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil), err: "x must be float"},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 64), ty(i32, "B", "S")}, attrs: qkv(4, 0, nil), err: "heads, kv_heads and inverse frequencies >= 1"},
+		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 64), ty(i32, "B", "S")}, attrs: Attrs{"heads": 4, "kv_heads": 2}, err: "missing required attribute inv_freq"},
+
+		{op: "swiglu_packed", in: []Type{ty(bf16, "B", "S", 320)}, want: []Type{ty(bf16, "B", "S", 160)}},
+		{op: "swiglu_packed", in: []Type{ty(f32t, 6)}, want: []Type{ty(f32t, 3)}},
+		{op: "swiglu_packed", in: []Type{ty(f32t, "B", 7)}, err: "last axis 7 is not of a constant even size"},
+		{op: "swiglu_packed", in: []Type{ty(f32t, "B", "I")}, err: "last axis I is not of a constant even size"},
+		{op: "swiglu_packed", in: []Type{ty(i32, 4)}, err: "x must be a float tensor"},
+		{op: "swiglu_packed", in: []Type{ty(f32t)}, err: "x must be a float tensor"},
+	}
+}
+
+// TestPackedDecompositions builds the decompositions of qkv_rope and swiglu_packed: they give
+// the types the ops infer, and are the split, the per-part layout and the rope (or swiglu)
+// that fuse_gemms leaves behind.
+func TestPackedDecompositions(t *testing.T) {
+	inv := []float64{1, 0.5, 0.25, 0.125}
+	for _, c := range []struct {
+		op    string
+		in    []Type
+		attrs Attrs
+		ops   map[string]int // ops the decomposition must hold, with their counts
+	}{
+		{"qkv_rope", []Type{ty(bf16, "B", "S", 64), ty(i32, "B", "S")}, Attrs{"heads": 4, "kv_heads": 2, "inv_freq": inv},
+			map[string]int{"split": 1, "reshape": 3 + 1 + 4, "transpose": 3, "cos": 1, "sin": 1, "neg": 2}}, // layout, positions, tables
+		{"qkv_rope", []Type{ty(f32t, 2, 5, 40), ty(i64, 2, 5)}, Attrs{"heads": 3, "kv_heads": 1, "inv_freq": inv, "scaling": 0.5},
+			map[string]int{"split": 1, "transpose": 3, "cos": 1, "sin": 1, "neg": 2}},
+		{"swiglu_packed", []Type{ty(f32t, "B", "S", 320)}, nil, map[string]int{"split": 1, "swiglu": 1}},
+	} {
+		t.Run(c.op, func(t *testing.T) {
+			b := NewBuilder("d")
+			var ins []*Value
+			for i, typ := range c.in {
+				ins = append(ins, b.Input(fmt.Sprintf("in%d", i), typ.DType, typ.Shape))
+			}
+			outs := b.Apply(c.op, c.attrs, ins...)
+			if err := b.Err(); err != nil {
+				t.Fatal(err)
+			}
+			n := outs[0].Producer
+			start := len(b.Graph().Nodes)
+			spec, _ := Lookup(c.op)
+			got, err := spec.Decompose(b, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(n.Outputs) {
+				t.Fatalf("%d values, want %d", len(got), len(n.Outputs))
+			}
+			for i, v := range got {
+				if !v.Type.Equal(n.Outputs[i].Type) {
+					t.Errorf("value %d is %s, the op gives %s", i, v.Type, n.Outputs[i].Type)
+				}
+			}
+			ops := map[string]int{}
+			for _, m := range b.Graph().Nodes[start:] {
+				ops[m.Op]++
+			}
+			for op, want := range c.ops {
+				if ops[op] != want {
+					t.Errorf("%d %s nodes, want %d (all: %v)", ops[op], op, want, ops)
+				}
+			}
+		})
 	}
 }

@@ -27,6 +27,7 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"quoted_names": buildQuotedNames,
 		"fused":        buildFused,
 		"collective":   buildCollective,
+		"packed":       buildPacked,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {
@@ -638,4 +639,17 @@ func FuzzParse(f *testing.F) {
 		f.Add(tt.text)
 	}
 	f.Fuzz(checkReparse)
+}
+
+// buildPacked uses the fused ops over packed projections, qkv_rope and swiglu_packed.
+func buildPacked() (*Graph, error) {
+	b := NewBuilder("packed")
+	x := b.Input("x", tensor.BF16, Shape{symB, symS, D(64)})
+	pos := b.Input("positions", tensor.I32, Shape{symB, symS})
+	b.SetScope("model.layers.0.self_attn")
+	qkv := b.Apply("qkv_rope", Attrs{"heads": 4, "kv_heads": 2, "inv_freq": []float64{1, 0.1, 0.01, 0.001}, "scaling": 0.75}, x, pos)
+	b.SetScope("model.layers.0.mlp")
+	h := b.Op("swiglu_packed", nil, x)
+	b.Output(qkv[0], qkv[1], qkv[2], h)
+	return b.Build()
 }
