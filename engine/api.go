@@ -58,4 +58,7 @@ type Stats struct {
 	PromptTokensTotal      int64
 	GeneratedTokensTotal   int64
 	PreemptionsTotal       int64
+	// StepSeconds is the time spent in steps; ModelSeconds the part of it running the model
+	// (inputs, executables, logits), SampleSeconds the part choosing tokens.
+	StepSeconds, ModelSeconds, SampleSeconds float64
 }

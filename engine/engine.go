@@ -481,45 +481,37 @@ func (e *Engine) step(plan []stepSeq) {
 	e.mu.Unlock()
 	logits, err := e.runStep(plan)
 	e.steps.Add(1)
-	type result struct {
-		s   *sequence
-		ev  Event
-		end FinishReason
-	}
-	var results []result
+	modelDone := time.Now()
+	// Each sequence that finished its prompt samples its next token. Samplers belong to
+	// their sequences, so they run concurrently (a row of a large vocabulary takes a while).
+	results := make([]stepResult, len(plan))
 	tokens, sampled := 0, 0
+	var wg sync.WaitGroup
 	for i, p := range plan {
 		s := seqs[i]
 		tokens += p.n
 		if err != nil {
-			results = append(results, result{s, Event{Finish: FinishError, Err: fmt.Errorf("step: %w", err)}, FinishError})
+			results[i] = stepResult{s, Event{Finish: FinishError, Err: fmt.Errorf("step: %w", err)}, FinishError}
 			continue
 		}
 		s.computed = p.from + p.n
 		if s.computed < len(s.tokens) {
 			continue // a prefill chunk; the prompt goes on at a later step
 		}
-		r, serr := s.sampler.Sample(logits[i])
-		if serr != nil {
-			results = append(results, result{s, Event{Finish: FinishError, Err: fmt.Errorf("sample: %w", serr)}, FinishError})
+		sampled++
+		if len(plan) == 1 {
+			results[i] = sampleNext(s, logits[i])
 			continue
 		}
-		sampled++
-		s.tokens = append(s.tokens, r.Token)
-		ev := Event{Token: r.Token, TopLogprobs: r.TopLogprobs, PromptTokens: s.promptLen, GeneratedTokens: s.generated()}
-		if s.req.Sampling.Logprobs || s.req.Sampling.TopLogprobs > 0 {
-			ev.Logprob = r.Logprob
-		}
-		switch {
-		case s.stop[r.Token]:
-			ev.Finish = FinishStop
-		case s.generated() >= s.req.MaxTokens:
-			ev.Finish = FinishLength
-		}
-		results = append(results, result{s, ev, ev.Finish})
+		wg.Go(func() { results[i] = sampleNext(s, logits[i]) })
 	}
+	wg.Wait()
+	sampleDone := time.Now()
 	e.mu.Lock()
 	for _, r := range results {
+		if r.s == nil {
+			continue
+		}
 		if r.s.ctx.Err() != nil && r.end == FinishNone {
 			r.s.tokens = r.s.tokens[:len(r.s.tokens)-1] // cancelled meanwhile: the next schedule ends it without this token
 			continue
@@ -535,9 +527,40 @@ func (e *Engine) step(plan []stepSeq) {
 		r.ev.PromptTokens, r.ev.GeneratedTokens = r.s.promptLen, r.s.generated()
 		e.finishLocked(r.s, r.ev)
 	}
+	e.counters.ModelSeconds += modelDone.Sub(start).Seconds()
+	e.counters.SampleSeconds += sampleDone.Sub(modelDone).Seconds()
+	e.counters.StepSeconds += time.Since(start).Seconds()
 	e.mu.Unlock()
 	e.log.Debug("engine step", "sequences", len(plan), "tokens", tokens, "sampled", sampled,
 		"kv_blocks_used", e.alloc.Stats().Used, "elapsed", time.Since(start), "error", err)
+}
+
+// stepResult is what a step gives one sequence: its event and how it ends (FinishNone: it
+// goes on).
+type stepResult struct {
+	s   *sequence
+	ev  Event
+	end FinishReason
+}
+
+// sampleNext chooses s's next token from its logits row and appends it to s.tokens.
+func sampleNext(s *sequence, logits []float32) stepResult {
+	r, err := s.sampler.Sample(logits)
+	if err != nil {
+		return stepResult{s, Event{Finish: FinishError, Err: fmt.Errorf("sample: %w", err)}, FinishError}
+	}
+	s.tokens = append(s.tokens, r.Token)
+	ev := Event{Token: r.Token, TopLogprobs: r.TopLogprobs, PromptTokens: s.promptLen, GeneratedTokens: s.generated()}
+	if s.req.Sampling.Logprobs || s.req.Sampling.TopLogprobs > 0 {
+		ev.Logprob = r.Logprob
+	}
+	switch {
+	case s.stop[r.Token]:
+		ev.Finish = FinishStop
+	case s.generated() >= s.req.MaxTokens:
+		ev.Finish = FinishLength
+	}
+	return stepResult{s, ev, ev.Finish}
 }
 
 // runStep builds the step's inputs and runs every rank; it returns rank 0's logits of each

@@ -76,11 +76,14 @@ var (
 	descPreempt = prometheus.NewDesc("loom_engine_preemptions_total", "Requests preempted for lack of KV cache blocks.", nil, nil)
 	descEngGen  = prometheus.NewDesc("loom_engine_generated_tokens_total", "Tokens the engine generated (including those of requests cancelled later).", nil, nil)
 	descEngProm = prometheus.NewDesc("loom_engine_prompt_tokens_total", "Prompt tokens the engine computed (including recomputation after preemption).", nil, nil)
+	descStepSec = prometheus.NewDesc("loom_engine_step_seconds_total", "Time the engine spent in steps.", nil, nil)
+	descModSec  = prometheus.NewDesc("loom_engine_model_seconds_total", "Time the engine's steps spent running the model (inputs, executables, logits).", nil, nil)
+	descSampSec = prometheus.NewDesc("loom_engine_sample_seconds_total", "Time the engine's steps spent choosing tokens.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descEngGen, descEngProm} {
+	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descEngGen, descEngProm, descStepSec, descModSec, descSampSec} {
 		ch <- d
 	}
 }
@@ -101,6 +104,9 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	constMetric(ch, descPreempt, prometheus.CounterValue, float64(st.PreemptionsTotal))
 	constMetric(ch, descEngGen, prometheus.CounterValue, float64(st.GeneratedTokensTotal))
 	constMetric(ch, descEngProm, prometheus.CounterValue, float64(st.PromptTokensTotal))
+	constMetric(ch, descStepSec, prometheus.CounterValue, st.StepSeconds)
+	constMetric(ch, descModSec, prometheus.CounterValue, st.ModelSeconds)
+	constMetric(ch, descSampSec, prometheus.CounterValue, st.SampleSeconds)
 }
 
 // countRequest records one answered HTTP request.

@@ -80,6 +80,7 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 			}
 
 			var target bench.Target
+			var inProcess *engine.Engine // the engine, when it runs in this process
 			vocab := 0
 			if tok != nil {
 				vocab = tok.VocabSize()
@@ -112,6 +113,7 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				}
 				defer done()
 				defer eng.Close()
+				inProcess = eng
 				et := &engineTarget{eng: eng, tok: tok, name: "in-process engine on " + dir,
 					params: sample.Params{Temperature: temperature}, ignoreEOS: ignoreEOS}
 				if chat {
@@ -168,6 +170,12 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				}
 			} else if err := res.WriteTable(out); err != nil {
 				return err
+			} else if inProcess != nil {
+				st := inProcess.Stats()
+				if n := float64(st.StepsTotal); n > 0 {
+					fmt.Fprintf(out, "\nengine: %d steps, %.2f ms each: model %.2f ms, sampling %.2f ms, other %.2f ms\n", st.StepsTotal,
+						1e3*st.StepSeconds/n, 1e3*st.ModelSeconds/n, 1e3*st.SampleSeconds/n, 1e3*(st.StepSeconds-st.ModelSeconds-st.SampleSeconds)/n)
+				}
 			}
 			if base != nil {
 				fmt.Fprintf(out, "\ncompared with %s:\n", baseline)
