@@ -26,8 +26,10 @@ import (
 // Log-probabilities are the log_softmax of the logits after step 2 (penalties and
 // temperature, no truncation), over the whole vocabulary.
 type Sampler struct {
-	p   Params
-	rng *rand.Rand
+	p     Params
+	rng   *rand.Rand
+	seed  uint64 // the random source's seed, also the key of device draws
+	drawn uint64 // tokens recorded so far: the counter of the next device draw
 
 	seen   map[int]bool // prompt and generated tokens, for the repetition penalty
 	counts map[int]int  // generated tokens, for the presence and frequency penalties
@@ -63,7 +65,7 @@ func New(p Params, prompt []int) (*Sampler, error) {
 	if p.HasSeed {
 		seed = uint64(p.Seed)
 	}
-	s := &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, seedStream)), counts: map[int]int{}}
+	s := &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, seedStream)), seed: seed, counts: map[int]int{}}
 	if s.repetition() {
 		s.seen = make(map[int]bool, len(prompt))
 		for _, t := range prompt {
@@ -109,8 +111,39 @@ func (s *Sampler) Sample(logits []float32) (Result, error) {
 	return res, nil
 }
 
+// DeviceDraw is one request's next-token choice as a sampler on an accelerator makes it,
+// from the logits alone: temperature (0: argmax, ties to the lowest id), then top-k, top-p
+// and min-p as Sample applies them, then one draw from a counter-based generator keyed by
+// Seed and Counter (the same pair always gives the same token for the same logits). The
+// draws differ from Sample's, which uses the request's sequential random source; both
+// follow the same distribution.
+type DeviceDraw struct {
+	Temperature, TopP, MinP float32
+	TopK                    int32
+	Seed, Counter           uint64
+}
+
+// DeviceDraw returns the parameters of the next token's choice for a device sampler, or
+// false when the request needs what only Sample does: penalties (they depend on the tokens
+// so far) or log-probabilities. A token a device chose must then be given to Record.
+func (s *Sampler) DeviceDraw() (DeviceDraw, bool) {
+	p := s.p
+	if s.repetition() || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.Logprobs || p.TopLogprobs > 0 {
+		return DeviceDraw{}, false
+	}
+	return DeviceDraw{
+		Temperature: float32(p.Temperature), TopP: float32(p.TopP), MinP: float32(p.MinP), TopK: int32(min(p.TopK, math.MaxInt32)),
+		Seed: s.seed, Counter: s.drawn,
+	}, true
+}
+
+// Record records a token chosen outside Sample (by a device sampler, see DeviceDraw) as
+// generated.
+func (s *Sampler) Record(tok int) { s.record(tok) }
+
 // record counts a generated token for the penalties.
 func (s *Sampler) record(tok int) {
+	s.drawn++
 	s.counts[tok]++
 	if s.seen != nil {
 		s.seen[tok] = true

@@ -374,3 +374,46 @@ func BenchmarkSample(b *testing.B) {
 		})
 	}
 }
+
+// DeviceDraw hands a device the plain parameters and a fresh counter per token, and refuses
+// requests whose choice depends on what only the host sampler does.
+func TestDeviceDraw(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    Params
+		ok   bool
+	}{
+		{"greedy", Params{}, true},
+		{"nucleus", Params{Temperature: 0.7, TopP: 0.9, TopK: 40, MinP: 0.05, Seed: 7, HasSeed: true}, true},
+		{"repetition", Params{Temperature: 1, RepetitionPenalty: 1.2}, false},
+		{"presence", Params{Temperature: 1, PresencePenalty: 0.5}, false},
+		{"frequency", Params{Temperature: 1, FrequencyPenalty: -0.5}, false},
+		{"logprobs", Params{Temperature: 1, Logprobs: true}, false},
+		{"top logprobs", Params{TopLogprobs: 2}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := New(tc.p, []int{1, 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, ok := s.DeviceDraw()
+			if ok != tc.ok {
+				t.Fatalf("DeviceDraw ok = %v, want %v", ok, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			if d.Temperature != float32(tc.p.Temperature) || d.TopP != float32(tc.p.TopP) || d.MinP != float32(tc.p.MinP) || int(d.TopK) != tc.p.TopK || d.Counter != 0 {
+				t.Errorf("DeviceDraw = %+v for %+v", d, tc.p)
+			}
+			if tc.p.HasSeed && d.Seed != uint64(tc.p.Seed) {
+				t.Errorf("seed %d, want %d", d.Seed, tc.p.Seed)
+			}
+			s.Record(5)
+			s.Record(6)
+			if d2, _ := s.DeviceDraw(); d2.Counter != 2 || d2.Seed != d.Seed {
+				t.Errorf("after two tokens: %+v, want counter 2 and seed %d", d2, d.Seed)
+			}
+		})
+	}
+}
