@@ -220,11 +220,12 @@ func init() {
 				return nil, err
 			}
 			heads := []int{H, KV, KV}
+			laid := make([]*Value, len(parts)) // not in parts: Split returns the node's own outputs
 			for i, p := range parts {
-				parts[i] = b.Transpose(b.Reshape(p, bd, sd, D(heads[i]), hd), 0, 2, 1, 3)
+				laid[i] = b.Transpose(b.Reshape(p, bd, sd, D(heads[i]), hd), 0, 2, 1, 3)
 			}
 			cos, sin := DecomposeRotaryTables(b, pos, n.Attrs.Floats("inv_freq"), n.Attrs.Float("scaling"), x.Type.DType)
-			return []*Value{ApplyRotary(b, parts[0], cos, sin), ApplyRotary(b, parts[1], cos, sin), parts[2]}, b.Err()
+			return []*Value{ApplyRotary(b, laid[0], cos, sin), ApplyRotary(b, laid[1], cos, sin), laid[2]}, b.Err()
 		},
 	})
 	Register(&OpSpec{

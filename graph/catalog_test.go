@@ -481,6 +481,10 @@ func TestPackedDecompositions(t *testing.T) {
 					t.Errorf("value %d is %s, the op gives %s", i, v.Type, n.Outputs[i].Type)
 				}
 			}
+			b.Output(got...)
+			if _, err := b.Build(); err != nil { // verified: the op's own node stays intact
+				t.Fatal(err)
+			}
 			ops := map[string]int{}
 			for _, m := range b.Graph().Nodes[start:] {
 				ops[m.Op]++
