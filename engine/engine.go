@@ -14,6 +14,7 @@ import (
 
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/sample"
+	"github.com/loom-ml/loom/tensor"
 )
 
 // Errors of Submit. Each is wrapped with the request's details; test with errors.Is.
@@ -55,6 +56,9 @@ type Options struct {
 	// request waits in the queue for memory, and Submit waits for room in the queue (until
 	// its context ends). A request that could never fit fails with ErrRequestTooLarge either way.
 	QueueOnFull bool
+	// HostSampling makes every token be chosen on the host from logits brought back, even
+	// when the executable could sample on its device (see deviceSampler).
+	HostSampling bool
 	// MaxQueue is the most requests waiting to start (default 1024).
 	MaxQueue int
 	// Logger receives the engine's messages (default slog.Default()).
@@ -479,7 +483,8 @@ func (e *Engine) step(plan []stepSeq) {
 		seqs[i] = e.byID(p.seq)
 	}
 	e.mu.Unlock()
-	logits, err := e.runStep(plan)
+	draws := e.deviceDraws(plan, seqs)
+	logits, ids, err := e.runStep(plan, draws)
 	e.steps.Add(1)
 	modelDone := time.Now()
 	// Each sequence that finished its prompt samples its next token. Samplers belong to
@@ -499,6 +504,11 @@ func (e *Engine) step(plan []stepSeq) {
 			continue // a prefill chunk; the prompt goes on at a later step
 		}
 		sampled++
+		if ids != nil {
+			s.sampler.Record(int(ids[i]))
+			results[i] = nextToken(s, sample.Result{Token: int(ids[i])})
+			continue
+		}
 		if len(plan) == 1 {
 			results[i] = sampleNext(s, logits[i])
 			continue
@@ -549,6 +559,11 @@ func sampleNext(s *sequence, logits []float32) stepResult {
 	if err != nil {
 		return stepResult{s, Event{Finish: FinishError, Err: fmt.Errorf("sample: %w", err)}, FinishError}
 	}
+	return nextToken(s, r)
+}
+
+// nextToken appends the chosen token to s.tokens and makes its event.
+func nextToken(s *sequence, r sample.Result) stepResult {
 	s.tokens = append(s.tokens, r.Token)
 	ev := Event{Token: r.Token, TopLogprobs: r.TopLogprobs, PromptTokens: s.promptLen, GeneratedTokens: s.generated()}
 	if s.req.Sampling.Logprobs || s.req.Sampling.TopLogprobs > 0 {
@@ -563,32 +578,40 @@ func sampleNext(s *sequence, logits []float32) stepResult {
 	return stepResult{s, ev, ev.Finish}
 }
 
-// runStep builds the step's inputs and runs every rank; it returns rank 0's logits of each
-// sequence's last token in the step, one row [vocab] per plan entry. With gather_logits in
-// the graph only those rows are computed; otherwise they are taken from the full [1,S,vocab].
-func (e *Engine) runStep(plan []stepSeq) (rows [][]float32, err error) {
+// runStep builds the step's inputs and runs every rank. It returns rank 0's logits of each
+// sequence's last token in the step, one row [vocab] per plan entry; or, when draws is set
+// (see deviceDraws), the token rank 0 chose on its device for each plan entry. With
+// gather_logits in the graph only those rows are computed; otherwise they are taken from
+// the full [1,S,vocab].
+func (e *Engine) runStep(plan []stepSeq, draws []sample.DeviceDraw) (rows [][]float32, ids []int32, err error) {
 	defer func() {
 		if p := recover(); p != nil { // a kernel bug must not take the engine down
-			rows, err = nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
+			rows, ids, err = nil, nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
 		}
 	}()
 	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out, err := e.ranks.run(e.loopCtx, in)
+	out, ids, err := e.ranks.run(e.loopCtx, in, draws)
 	if err != nil {
 		if e.loopCtx.Err() != nil {
-			return nil, ErrClosed
+			return nil, nil, ErrClosed
 		}
-		return nil, err
+		return nil, nil, err
+	}
+	if draws != nil {
+		if len(ids) != len(plan) {
+			return nil, nil, fmt.Errorf("the device sampler returned %d tokens for %d sequences", len(ids), len(plan))
+		}
+		return nil, ids, nil
 	}
 	V, want := e.layout.Vocab, in["input_ids"].Shape[1]
 	if e.layout.LogitRows {
 		want = len(plan)
 	}
 	if out.Shape[0] != 1 || out.Shape[1] != want || out.Shape[2] != V {
-		return nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, want, V)
+		return nil, nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, want, V)
 	}
 	rows = make([][]float32, len(plan))
 	end := 0
@@ -600,7 +623,35 @@ func (e *Engine) runStep(plan []stepSeq) (rows [][]float32, err error) {
 		}
 		rows[i] = out.F32[row*V : (row+1)*V]
 	}
-	return rows, nil
+	return rows, nil, nil
+}
+
+// deviceSampler is an Executable that can also choose the next tokens on its device, from
+// the logits rows of gather_logits (one per sequence), and return token ids instead of the
+// logits: draws holds one choice per row.
+type deviceSampler interface {
+	RunSampled(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw) ([]int32, error)
+}
+
+// deviceDraws returns the device draws of a step's sequences when rank 0 samples on its
+// device and every sequence that takes a token this step can be sampled there (see
+// sample.Sampler.DeviceDraw); otherwise nil, and the step brings the logits back.
+func (e *Engine) deviceDraws(plan []stepSeq, seqs []*sequence) []sample.DeviceDraw {
+	if _, ok := e.ranks.ranks[0].Exe.(deviceSampler); !ok || !e.layout.LogitRows || e.opts.HostSampling {
+		return nil
+	}
+	draws := make([]sample.DeviceDraw, len(plan))
+	for i, p := range plan {
+		if p.from+p.n < len(seqs[i].tokens) {
+			continue // a prefill chunk takes no token: its row is drawn greedily and dropped
+		}
+		d, ok := seqs[i].sampler.DeviceDraw()
+		if !ok {
+			return nil
+		}
+		draws[i] = d
+	}
+	return draws
 }
 
 // byID finds a running sequence; the caller holds e.mu.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 	"github.com/loom-ml/loom/transform"
 )
@@ -162,18 +163,24 @@ type rankSet struct {
 }
 
 // run runs one step on every rank, concurrently when there are several, and returns rank
-// 0's logits f32[1,S,vocab]. shared holds the step inputs every rank gets; each rank adds
-// its own caches.
-func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*tensor.Tensor, error) {
+// 0's logits f32[1,S,vocab], or with draws the tokens rank 0 sampled on its device (see
+// deviceSampler). shared holds the step inputs every rank gets; each rank adds its own
+// caches.
+func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, draws []sample.DeviceDraw) (*tensor.Tensor, []int32, error) {
 	outs := make([][]*tensor.Tensor, len(rs.ranks))
 	errs := make([]error, len(rs.ranks))
+	var ids []int32
 	runRank := func(r int) {
 		in := make(map[string]*tensor.Tensor, len(shared)+2*len(rs.caches[r].K))
 		for k, v := range shared {
 			in[k] = v
 		}
 		rs.caches[r].Bind(in)
-		outs[r], errs[r] = rs.ranks[r].Exe.Run(ctx, in)
+		if ds, ok := rs.ranks[r].Exe.(deviceSampler); ok && r == 0 && draws != nil {
+			ids, errs[r] = ds.RunSampled(ctx, in, draws)
+		} else {
+			outs[r], errs[r] = rs.ranks[r].Exe.Run(ctx, in)
+		}
 		if errs[r] != nil && len(rs.ranks) > 1 {
 			errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
 		}
@@ -188,10 +195,13 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*
 		wg.Wait()
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if draws != nil {
+		return nil, ids, nil
 	}
 	if len(outs[0]) == 0 || len(outs[0][0].Shape) != 3 || outs[0][0].DType != tensor.F32 {
-		return nil, errors.New("the model returned no f32[1,S,vocab] logits")
+		return nil, nil, errors.New("the model returned no f32[1,S,vocab] logits")
 	}
-	return outs[0][0], nil
+	return outs[0][0], nil, nil
 }
