@@ -46,12 +46,30 @@ func (f fixture) wantMatches() map[string]int {
 		"match_swiglu_pattern":  l,
 		"fuse_gemms":            2 * l, // q/k/v and gate/up
 		"fuse_add_rmsnorm":      2 * l, // every residual add but the embedding's is normed next
+		"fuse_qkv_rope":         l,
+		"fuse_split_swiglu":     l,
 	}
 	if f.qkNorm {
 		want["match_rmsnorm_pattern"] += 2 * l
+		want["fuse_qkv_rope"] = 0 // the q/k norms sit between the layout and the rope
 	}
 	if f.gqa {
 		want["match_repeat_kv"] = 2 * l
+	}
+	return want
+}
+
+// wantOps is how many nodes of some ops the optimized graph of f holds (the stages up to
+// post_load_fusion): one fused node per layer where the frontend wrote the pattern, and none
+// of what the fusions replace. The first layer's input norm reads the embedding, not a
+// residual add.
+func (f fixture) wantOps() map[string]int {
+	l := f.layers
+	want := map[string]int{"sdpa": l, "add_rmsnorm": 2 * l, "rmsnorm": 1,
+		"qkv_rope": l, "rope": 0, "swiglu_packed": l, "swiglu": 0, "split": 0}
+	if f.qkNorm {
+		want["rmsnorm"] += 2 * l
+		want["qkv_rope"], want["rope"], want["split"] = 0, l, l // q/k/v stay split for the norms
 	}
 	return want
 }
@@ -124,12 +142,7 @@ func TestPipelineMatchCounts(t *testing.T) {
 					t.Errorf("%d %s node(s) left after the pipeline:\n%s", ops[op], op, out)
 				}
 			}
-			// The first layer's input norm reads the embedding, not a residual add.
-			norms := 1
-			if f.qkNorm {
-				norms += 2 * f.layers
-			}
-			for op, want := range map[string]int{"rope": f.layers, "sdpa": f.layers, "swiglu": f.layers, "add_rmsnorm": 2 * f.layers, "rmsnorm": norms} {
+			for op, want := range f.wantOps() {
 				if ops[op] != want {
 					t.Errorf("%d %s nodes, want %d", ops[op], op, want)
 				}
@@ -272,6 +285,33 @@ func TestPipelineBF16(t *testing.T) {
 			}
 			if d, at := maxAbsDiff(have, want); d > bf16Tol {
 				t.Errorf("logits of the optimized graph differ from the plain graph's by %.3g at %d (tolerance %g)", d, at, bf16Tol)
+			}
+		})
+	}
+}
+
+// TestPipelineShardedFusions runs the pipeline on every fixture at tp=2, where sharding runs
+// before post_load_fusion: each rank's graph, with its local head counts and its slice of
+// the MLP, must be fused as the single-rank graph is.
+func TestPipelineShardedFusions(t *testing.T) {
+	for _, f := range fixtures {
+		t.Run(f.name, func(t *testing.T) {
+			m, plain := openFixture(t, f.name)
+			graphs := ranksOf(t, m, plain, "tp=2")
+			if len(graphs) != 2 {
+				t.Fatalf("%d rank graphs, want 2", len(graphs))
+			}
+			for r, g := range graphs {
+				ops := map[string]int{}
+				for _, n := range g.Nodes {
+					ops[n.Op]++
+				}
+				want := f.wantOps()
+				for _, op := range []string{"qkv_rope", "rope", "swiglu_packed", "swiglu", "split"} {
+					if ops[op] != want[op] {
+						t.Errorf("rank %d: %d %s nodes, want %d", r, ops[op], op, want[op])
+					}
+				}
 			}
 		})
 	}
