@@ -212,28 +212,7 @@ func fastRope(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, 
 	if D == 0 || B*S == 0 {
 		return res, nil
 	}
-	// cos and sin tables [B*S, half]: angle = float32(position) * float32(inv_freq).
-	ps := pos.Int64s()
-	inv := make([]float32, half)
-	for i, f := range invFreq {
-		inv[i] = float32(f)
-	}
-	scaling := float32(n.Attrs.Float("scaling"))
-	scaled := n.Attrs.Float("scaling") != 1
-	cosT, sinT := make([]float32, B*S*half), make([]float32, B*S*half)
-	parallel(B*S, grainFor(B*S, 40*half, 1), func(lo, hi int) {
-		for bs := lo; bs < hi; bs++ {
-			p := float32(ps[bs])
-			for i, f := range inv {
-				a := float64(p * f)
-				c, s := float32(math.Cos(a)), float32(math.Sin(a))
-				if scaled {
-					c, s = c*scaling, s*scaling
-				}
-				cosT[bs*half+i], sinT[bs*half+i] = roundF32(tdt, c), roundF32(tdt, s)
-			}
-		}
-	})
+	cosT, sinT := ropeTables(pos, invFreq, n.Attrs.Float("scaling"), tdt)
 	// Rows: every (b, head, s) of q, then of k.
 	qRows, kRows := q.Numel()/D, k.Numel()/D
 	H, KV := q.Shape[1], k.Shape[1]
@@ -248,17 +227,52 @@ func fastRope(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, 
 			}
 			b, s := row/(heads*S), row%S
 			c, sn := cosT[(b*S+s)*half:(b*S+s+1)*half], sinT[(b*S+s)*half:(b*S+s+1)*half]
-			xr := rowF32(x, row*D, D, xb)
-			mdt := o.DType // the dtype of x*cos and rot*sin in the decomposition
-			x1, x2 := xr[:half], xr[half:]
-			for i := range half {
-				yb[i] = roundF32(mdt, roundF32(mdt, x1[i]*c[i])+roundF32(mdt, -x2[i]*sn[i]))
-				yb[half+i] = roundF32(mdt, roundF32(mdt, x2[i]*c[i])+roundF32(mdt, x1[i]*sn[i]))
-			}
+			rotateRow(yb, rowF32(x, row*D, D, xb), c, sn, o.DType)
 			storeRow(o, row*D, yb)
 		}
 	})
 	return res, nil
+}
+
+// ropeTables returns the cos and sin tables [B*S, half] of positions pos[B,S] as the
+// decomposition's rotary tables hold them: angle = float32(position) * float32(inv_freq),
+// cos and sin in float64 rounded to float32, times scaling unless it is 1, rounded to tdt.
+// Positions are split over the worker pool.
+func ropeTables(pos *tensor.Tensor, invFreq []float64, scaling float64, tdt tensor.DType) (cosT, sinT []float32) {
+	half, bs := len(invFreq), pos.Numel()
+	ps := pos.Int64s()
+	inv := make([]float32, half)
+	for i, f := range invFreq {
+		inv[i] = float32(f)
+	}
+	sc, scaled := float32(scaling), scaling != 1
+	cosT, sinT = make([]float32, bs*half), make([]float32, bs*half)
+	parallel(bs, grainFor(bs, 40*half, 1), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			p := float32(ps[r])
+			for i, f := range inv {
+				a := float64(p * f)
+				c, s := float32(math.Cos(a)), float32(math.Sin(a))
+				if scaled {
+					c, s = c*sc, s*sc
+				}
+				cosT[r*half+i], sinT[r*half+i] = roundF32(tdt, c), roundF32(tdt, s)
+			}
+		}
+	})
+	return cosT, sinT
+}
+
+// rotateRow writes to dst[D] the rotation of one head row xr[D] (widened) with the cos and
+// sin c, sn [D/2] of its position: x*cos + rotate_half(x)*sin with each product and the sum
+// rounded to mdt, the dtype of x*cos and rot*sin in the decomposition.
+func rotateRow(dst, xr, c, sn []float32, mdt tensor.DType) {
+	half := len(c)
+	x1, x2 := xr[:half], xr[half:2*half]
+	for i := range half {
+		dst[i] = roundF32(mdt, roundF32(mdt, x1[i]*c[i])+roundF32(mdt, -x2[i]*sn[i]))
+		dst[half+i] = roundF32(mdt, roundF32(mdt, x2[i]*c[i])+roundF32(mdt, x1[i]*sn[i]))
+	}
 }
 
 // fastRepeatKV: x[B,KV,S,D] -> out[B,KV*n,S,D], each KV head copied n times in place, in
@@ -451,15 +465,21 @@ func fastSwiGLU(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 		for c := lo; c < hi; c += chunk {
 			m := min(chunk, hi-c)
 			gb, ub, yb := (*buf)[:m], (*buf)[chunk:chunk+m], (*buf)[2*chunk:2*chunk+m]
-			gr, ur := rowF32(g, c, m, gb), rowF32(u, c, m, ub)
-			for i, x := range gr {
-				s := roundF32(g.DType, float32(float64(x)/(1+math.Exp(-float64(x)))))
-				yb[i] = s * ur[i]
-			}
+			swigluRow(yb, rowF32(g, c, m, gb), rowF32(u, c, m, ub), g.DType)
 			storeRow(res, c, yb)
 		}
 	})
 	return []*tensor.Tensor{res}, nil
+}
+
+// swigluRow writes silu(gr[i]) * ur[i] to dst: silu in float64 rounded to float32 and then to
+// gdt, the gate's dtype, as the decomposition's silu node stores it; the product in float32.
+func swigluRow(dst, gr, ur []float32, gdt tensor.DType) {
+	ur, dst = ur[:len(gr)], dst[:len(gr)]
+	for i, x := range gr {
+		s := roundF32(gdt, float32(float64(x)/(1+math.Exp(-float64(x)))))
+		dst[i] = s * ur[i]
+	}
 }
 
 func init() {

@@ -1,0 +1,132 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Fast kernels of the fused ops over packed projections (qkv_rope, swiglu_packed): the
+// arithmetic of fastRope and fastSwiGLU (rotateRow, ropeTables, swigluRow), reading the parts
+// of the packed input in place instead of split copies, so the results are the same bits.
+
+// fastQKVRoPE: x[B,S,(H+2*KV)*D] and positions[B,S] -> q[B,H,S,D], k[B,KV,S,D] rotated as
+// fastRope rotates them, and v[B,KV,S,D] copied. Output rows (every (b, head, s) of q, k,
+// then v) are split over the worker pool; each reads its D elements of x in place.
+func fastQKVRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	if err := checkArgs(n, in, out, 2, 3); err != nil {
+		return nil, err
+	}
+	x, pos := in[0], in[1]
+	if err := checkFloats(n.Op, in[:1], out); err != nil {
+		return nil, err
+	}
+	if len(pos.Shape) != 2 || !pos.DType.IsInt() {
+		return nil, fmt.Errorf("positions must be integer [B,S], got %s%v", pos.DType, pos.Shape)
+	}
+	B, S := pos.Shape[0], pos.Shape[1]
+	H, KV := n.Attrs.Int("heads"), n.Attrs.Int("kv_heads")
+	invFreq := n.Attrs.Floats("inv_freq")
+	half := len(invFreq)
+	D := 2 * half
+	if H < 1 || KV < 1 || half < 1 {
+		return nil, fmt.Errorf("qkv_rope needs heads, kv_heads and inverse frequencies >= 1, got %d, %d and %d", H, KV, half)
+	}
+	W := (H + 2*KV) * D // x's last axis
+	if len(x.Shape) != 3 || x.Shape[0] != B || x.Shape[1] != S || x.Shape[2] != W {
+		return nil, fmt.Errorf("x %v does not fit positions %v with %d+2*%d heads of %d", x.Shape, pos.Shape, H, KV, D)
+	}
+	heads := [3]int{H, KV, KV}
+	res := make([]*tensor.Tensor, 3)
+	for i := range res {
+		shape := []int{B, heads[i], S, D}
+		if err := checkShape(shape, out[i]); err != nil {
+			return nil, fmt.Errorf("output %d: %w", i, err)
+		}
+		if out[i].DType != x.DType {
+			return nil, fmt.Errorf("output %d is %s, want x's dtype %s", i, out[i].DType, x.DType)
+		}
+		res[i] = tensor.New(x.DType, shape...)
+	}
+	if B*S == 0 {
+		return res, nil
+	}
+	cosT, sinT := ropeTables(pos, invFreq, n.Attrs.Float("scaling"), x.DType)
+	qRows, kRows, vRows := B*H*S, B*KV*S, B*KV*S
+	parallel(qRows+kRows+vRows, grainFor(qRows+kRows+vRows, 8*D, 1), func(lo, hi int) {
+		buf := getF32(2 * D)
+		defer putF32(buf)
+		xb, yb := (*buf)[:D], (*buf)[D:]
+		for r := lo; r < hi; r++ {
+			part, row, first := 0, r, 0 // first: the part's first head on x's last axis
+			switch {
+			case r >= qRows+kRows:
+				part, row, first = 2, r-qRows-kRows, H+KV
+			case r >= qRows:
+				part, row, first = 1, r-qRows, H
+			}
+			nh := heads[part]
+			b, h, s := row/(nh*S), row/S%nh, row%S
+			src := (b*S+s)*W + (first+h)*D
+			if part == 2 {
+				copyRange(res[2], row*D, x, src, D)
+				continue
+			}
+			t := (b*S + s) * half
+			rotateRow(yb, rowF32(x, src, D, xb), cosT[t:t+half], sinT[t:t+half], x.DType)
+			storeRow(res[part], row*D, yb)
+		}
+	})
+	return res, nil
+}
+
+// fastSwiGLUPacked: x[...,2I] -> silu(gate) * up [...,I] with gate the first I elements of
+// each row of x and up the last I, as fastSwiGLU computes it. Chunks of rows are split over
+// the worker pool.
+func fastSwiGLUPacked(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	if err := checkArgs(n, in, out, 1, 1); err != nil {
+		return nil, err
+	}
+	x, o := in[0], out[0]
+	if err := checkFloats(n.Op, in, out); err != nil {
+		return nil, err
+	}
+	if len(x.Shape) == 0 || x.Shape[len(x.Shape)-1]%2 != 0 {
+		return nil, fmt.Errorf("x %v has no even last axis", x.Shape)
+	}
+	shape := append([]int(nil), x.Shape...)
+	I := shape[len(shape)-1] / 2
+	shape[len(shape)-1] = I
+	if err := checkShape(shape, o); err != nil {
+		return nil, err
+	}
+	if o.DType != x.DType {
+		return nil, fmt.Errorf("output is %s, want x's dtype %s", o.DType, x.DType)
+	}
+	res := tensor.New(o.DType, shape...)
+	if I == 0 || x.Numel() == 0 {
+		return []*tensor.Tensor{res}, nil
+	}
+	// Work items: chunks of at most 1024 outputs of one row, so that one long row (decoding)
+	// is split too.
+	const chunk = 1024
+	rows, per := x.Numel()/(2*I), (I+chunk-1)/chunk
+	parallel(rows*per, grainFor(rows*per, 20*min(I, chunk), 1), func(lo, hi int) {
+		buf := getF32(3 * chunk)
+		defer putF32(buf)
+		for it := lo; it < hi; it++ {
+			r, c := it/per, it%per*chunk
+			m := min(chunk, I-c)
+			gb, ub, yb := (*buf)[:m], (*buf)[chunk:chunk+m], (*buf)[2*chunk:2*chunk+m]
+			swigluRow(yb, rowF32(x, 2*r*I+c, m, gb), rowF32(x, (2*r+1)*I+c, m, ub), x.DType)
+			storeRow(res, r*I+c, yb)
+		}
+	})
+	return []*tensor.Tensor{res}, nil
+}
+
+func init() {
+	Register("qkv_rope", fastQKVRoPE)
+	Register("swiglu_packed", fastSwiGLUPacked)
+}
