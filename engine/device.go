@@ -145,6 +145,7 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	}
 	prog, err := cuda.Compile(ctx, dev, g, m.Checkpoint, &cuda.Options{
 		ExactF32Linear: act == tensor.F32, Resident: resident, Graphs: opts.PagedCache && !opts.EagerCUDA,
+		Profile: opts.ProfileCUDA,
 	})
 	if err != nil {
 		dev.Close()

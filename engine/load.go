@@ -40,6 +40,9 @@ type LoadOptions struct {
 	// EagerCUDA turns off CUDA graphs: LoadCUDA with PagedCache otherwise captures each
 	// engine step's kernels once per bucket of shapes and replays them (cuda.Options.Graphs).
 	EagerCUDA bool
+	// ProfileCUDA times every step of the CUDA program per op (cuda.Options.Profile; steps
+	// run eagerly); read it with CUDAModel.Program.Profile.
+	ProfileCUDA bool
 }
 
 // withCacheStage returns flags with the cache stage's transforms switched on, before the

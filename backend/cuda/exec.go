@@ -164,6 +164,8 @@ type Program struct {
 	resident []int
 	// graphs is Options.Graphs.
 	graphs bool
+	// prof collects per-op GPU time with Options.Profile.
+	prof *profiler
 
 	// Folded counts the nodes evaluated at compile time.
 	Folded int
@@ -191,6 +193,10 @@ type Options struct {
 	// outputs out after the graph, so replays see new inputs. A bucket whose capture fails
 	// (a kernel that must allocate, for instance) keeps running eagerly.
 	Graphs bool
+	// Profile times every step on the GPU with events and adds the time up per op (see
+	// Program.Profile). Steps then run eagerly, one at a time, without CUDA graphs: a
+	// profile shows where the GPU time goes, not the overlapped speed.
+	Profile bool
 	// Resident names graph inputs that live on the device, such as the engine's KV caches
 	// (kv_cache.<layer>.k/.v): the first Run uploads the tensor passed for each (or, for a
 	// tensor with a shape but no elements stored, such as kvcache.NewCacheShapes makes,
@@ -235,6 +241,9 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 	}
 	p, slot := newProgram(d, g)
 	p.graphs = opts.Graphs
+	if opts.Profile {
+		p.prof = &profiler{ops: map[string]*OpTime{}}
+	}
 	for _, name := range opts.Resident {
 		s := slices.IndexFunc(p.inputs, func(s int) bool { return p.values[s].Name == name })
 		if s < 0 {
@@ -465,6 +474,9 @@ func (p *Program) Close() error {
 		for _, pl := range p.plans {
 			errs = append(errs, pl.dropGraph())
 		}
+		if p.prof != nil {
+			errs = append(errs, p.prof.close())
+		}
 		p.plans = map[string]*memPlan{}
 		return errors.Join(errs...)
 	})
@@ -648,38 +660,59 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 // input's dtype and rank (symbolic dimensions are bound from them). It returns the graph
 // outputs in order as host tensors.
 func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	var res []*tensor.Tensor
+	err := p.execute(ctx, inputs, func(vals []*Tensor) error {
+		res = make([]*tensor.Tensor, len(p.outputs))
+		for i, s := range p.outputs {
+			h, err := p.dev.download(vals[s])
+			if err != nil {
+				return fmt.Errorf("output %d: %w", i, err)
+			}
+			res[i] = h
+		}
+		return nil
+	})
+	return res, err
+}
+
+// execute binds the inputs, lays the run out, copies the inputs in, queues the steps and
+// then calls finish with every value's device tensor (by slot), the device locked.
+func (p *Program) execute(ctx context.Context, inputs map[string]*tensor.Tensor, finish func(vals []*Tensor) error) error {
 	if p == nil || p.dev == nil || p.fixed == nil {
-		return nil, errors.New("cuda: run: program was not compiled or is closed")
+		return errors.New("cuda: run: program was not compiled or is closed")
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
 	env, err := p.bind(inputs)
 	if err != nil {
-		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.loadResident(inputs); err != nil {
-		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
 	pl, err := p.plan(env)
 	if err != nil {
-		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
-	var outs []*tensor.Tensor
 	err = p.dev.do(func() error {
-		var err error
-		outs, err = p.run(ctx, pl, inputs)
-		return err
+		vals, err := p.run(ctx, pl, inputs)
+		if err != nil {
+			return err
+		}
+		return finish(vals)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
-	return outs, nil
+	return nil
 }
 
-func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+// run lays out the values of one run in the arena, copies the inputs in and queues the
+// steps; it returns every value's device tensor by slot.
+func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tensor.Tensor) ([]*Tensor, error) {
 	d := p.dev
 	if p.arena == nil || int64(p.arena.Bytes()) < pl.size {
 		d.Free(p.arena)
@@ -715,15 +748,7 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 	if err := p.runSteps(ctx, pl, vals); err != nil {
 		return nil, err
 	}
-	res := make([]*tensor.Tensor, len(p.outputs))
-	for i, s := range p.outputs {
-		h, err := d.download(vals[s])
-		if err != nil {
-			return nil, fmt.Errorf("output %d: %w", i, err)
-		}
-		res[i] = h
-	}
-	return res, nil
+	return vals, nil
 }
 
 // runSteps queues the steps of a run whose values are laid out in vals: eagerly, or by
@@ -731,6 +756,9 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 func (p *Program) runSteps(ctx context.Context, pl *memPlan, vals []*Tensor) error {
 	d := p.dev
 	defer func() { pl.runs++ }()
+	if p.prof != nil {
+		return p.prof.steps(p, ctx, pl, vals)
+	}
 	if !p.graphs || pl.noGraph || pl.runs == 0 {
 		return p.queueSteps(ctx, pl, vals)
 	}
@@ -791,21 +819,28 @@ func (p *Program) queueSteps(ctx context.Context, pl *memPlan, vals []*Tensor) e
 		if st.k.view {
 			continue
 		}
-		in, out = in[:0], out[:0]
-		for _, s := range st.in {
-			in = append(in, vals[s])
-		}
-		for _, s := range st.out {
-			out = append(out, vals[s])
-		}
-		if w := pl.work[i]; w.size > 0 {
-			out = append(out, &Tensor{DType: tensor.Bool, Shape: []int{int(w.size)}, ptr: p.arena.ptr + cubind.DevicePtr(w.off), dev: d})
-		}
+		in, out = p.stepArgs(pl, vals, i, in[:0], out[:0])
 		if err := st.k.run(d, st.node, in, out, st.state); err != nil {
 			return fmt.Errorf("%s: %w", nodeText(st.node), err)
 		}
 	}
 	return nil
+}
+
+// stepArgs appends step i's input and output tensors (and its workspace, after the
+// outputs) to in and out.
+func (p *Program) stepArgs(pl *memPlan, vals []*Tensor, i int, in, out []*Tensor) ([]*Tensor, []*Tensor) {
+	st := p.steps[i]
+	for _, s := range st.in {
+		in = append(in, vals[s])
+	}
+	for _, s := range st.out {
+		out = append(out, vals[s])
+	}
+	if w := pl.work[i]; w.size > 0 {
+		out = append(out, &Tensor{DType: tensor.Bool, Shape: []int{int(w.size)}, ptr: p.arena.ptr + cubind.DevicePtr(w.off), dev: p.dev})
+	}
+	return in, out
 }
 
 // loadResident uploads each resident input on the first Run and checks later Runs pass the

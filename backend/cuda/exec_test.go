@@ -15,6 +15,7 @@ import (
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
 	_ "github.com/loom-ml/loom/model/all"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -370,5 +371,56 @@ func TestGraphReplayMatchesEager(t *testing.T) {
 		if pl.noGraph || pl.graph == 0 {
 			t.Errorf("bucket %s was not captured (noGraph=%v)", key, pl.noGraph)
 		}
+	}
+}
+
+// RunSampled's greedy draws give each logits row's argmax, as Run's logits do; a profiled
+// program gives the same logits and accounts GPU time to the ops that ran.
+func TestRunSampledAndProfile(t *testing.T) {
+	d := gpu(t)
+	m, _, fused := fixtureGraphs(t, "tiny-llama", tensor.BF16)
+	p, err := Compile(context.Background(), d, fused, m.Checkpoint, &Options{Profile: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	plain, err := Compile(context.Background(), d, fused, m.Checkpoint, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	in := inputIDs(rand.New(rand.NewPCG(1, 2)), 1, 7, m.Config.VocabSize)
+	want, err := plain.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got[0].Float32s(), want[0].Float32s()) {
+		t.Error("the profiled run's logits differ")
+	}
+	prof := p.Profile()
+	byOp := map[string]OpTime{}
+	for _, o := range prof {
+		byOp[o.Op] = o
+	}
+	if o := byOp["linear"]; o.Calls == 0 || o.Time <= 0 {
+		t.Errorf("profile %+v has no linear time", prof)
+	}
+	ids, err := plain.RunSampled(context.Background(), in, make([]sample.DeviceDraw, 7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	V := m.Config.VocabSize
+	for i, id := range ids {
+		row := want[0].Float32s()[i*V : (i+1)*V]
+		if w := goArgmax(row); int(id) != w {
+			t.Errorf("row %d: sampled %d, argmax %d", i, id, w)
+		}
+	}
+	if _, err := plain.RunSampled(context.Background(), in, make([]sample.DeviceDraw, 3)); err == nil {
+		t.Error("RunSampled accepted 3 draws for 7 rows")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
+	"github.com/loom-ml/loom/backend/cuda"
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/server"
@@ -30,6 +32,7 @@ type engineFlags struct {
 	noOptimize   bool
 	device       string
 	dtype        string
+	cudaProfile  bool
 	transforms   transform.Flags
 }
 
@@ -38,9 +41,10 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 	f.IntVar(&e.maxBatch, "max-batch", 0, "most sequences in one engine step (0: the engine's default, 16)")
 	f.IntVar(&e.tokensPerStp, "max-tokens-per-step", 0, "most tokens one step computes (0: the engine's default, 512)")
 	f.IntVar(&e.kvBlocks, "kv-blocks", 0, "KV cache blocks (0: from --kv-cache-bytes)")
-	f.Int64Var(&e.kvCacheBytes, "kv-cache-bytes", 0, "KV cache memory budget in bytes (0: max-batch full-context sequences, at most 1 GiB)")
+	f.Int64Var(&e.kvCacheBytes, "kv-cache-bytes", 0, "KV cache memory budget in bytes per rank (0: on the CPU max-batch full-context sequences, at most 1 GiB; on CUDA 90% of the GPU memory left after the weights, less 4 GiB)")
 	f.BoolVar(&e.noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline (not servable: the engine needs the paged KV cache)")
 	f.StringVar(&e.device, "device", "auto", "where the model runs: auto (CUDA when a GPU can be used, else the CPU), cpu or cuda")
+	f.BoolVar(&e.cudaProfile, "cuda-profile", false, "time every CUDA kernel (eagerly, without CUDA graphs) and print the GPU time per op on stderr at the end")
 	f.StringVar(&e.dtype, "dtype", "auto", "activation and KV cache dtype: auto (bf16 on CUDA, f32 on the CPU), bf16 or f32")
 	addTransformFlags(cmd, &e.transforms)
 	addMeshFlags(cmd, &e.ranks)
@@ -63,7 +67,7 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 	}
 	opts := engine.LoadOptions{
 		Optimize: !e.noOptimize, Transforms: e.transforms, Mesh: mesh, DistBackend: e.ranks.distBackend,
-		ActivationDType: act, PagedCache: true,
+		ActivationDType: act, PagedCache: true, ProfileCUDA: e.cudaProfile,
 	}
 	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
@@ -81,7 +85,14 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 			m.Close()
 			return nil, nil, nil, err
 		}
-		return m.Model, eng, m.Close, nil
+		done := m.Close
+		if e.cudaProfile {
+			done = func() error {
+				printProfile(cmd.ErrOrStderr(), m.Program.Profile())
+				return m.Close()
+			}
+		}
+		return m.Model, eng, done, nil
 	}
 	m, err := loadWithProgress(cmd, dir, opts)
 	if err != nil {
@@ -93,6 +104,19 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 		return nil, nil, nil, err
 	}
 	return m.Model, eng, m.Close, nil
+}
+
+// printProfile writes the GPU time per op as a table, most time first.
+func printProfile(w io.Writer, ops []cuda.OpTime) {
+	var total time.Duration
+	for _, o := range ops {
+		total += o.Time
+	}
+	fmt.Fprintf(w, "\nGPU time per op (eager launches, each timed by events):\n%-24s %8s %12s %10s %6s\n", "op", "calls", "total ms", "mean µs", "share")
+	for _, o := range ops {
+		fmt.Fprintf(w, "%-24s %8d %12.2f %10.1f %5.1f%%\n", o.Op, o.Calls, o.Time.Seconds()*1e3,
+			o.Time.Seconds()*1e6/float64(max(o.Calls, 1)), 100*o.Time.Seconds()/max(total.Seconds(), 1e-12))
+	}
 }
 
 // activationDType resolves --dtype for the device that runs: auto is bf16 on CUDA (what

@@ -1,0 +1,72 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/loom-ml/loom/sample"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// RunSampled runs the program like Run, then chooses one token per row of its first output,
+// logits f32 [1,N,V] (as gather_logits leaves them) or [N,V], on the device (SampleRows)
+// with draws[i] for row i, and brings back only the N token ids instead of the logits.
+func (p *Program) RunSampled(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw) ([]int32, error) {
+	var ids []int32
+	err := p.execute(ctx, inputs, func(vals []*Tensor) error {
+		if len(p.outputs) == 0 {
+			return fmt.Errorf("sample: the graph has no outputs")
+		}
+		logits := vals[p.outputs[0]]
+		shape := logits.Shape
+		if len(shape) == 3 && shape[0] == 1 {
+			shape = shape[1:]
+		}
+		if logits.DType != tensor.F32 || len(shape) != 2 || shape[0] != len(draws) {
+			return fmt.Errorf("sample: the first output is %s%v; want logits f32 [1,N,V] for %d draws", logits.DType, logits.Shape, len(draws))
+		}
+		N, V := shape[0], shape[1]
+		if N == 0 {
+			return nil
+		}
+		rows, err := logits.View(N, V)
+		if err != nil {
+			return err
+		}
+		d := p.dev
+		params, err := d.upload(samplerParams(draws).Tensor())
+		if err != nil {
+			return fmt.Errorf("sample: %w", err)
+		}
+		defer d.Free(params)
+		out, err := d.allocTensor(tensor.I32, []int{N})
+		if err != nil {
+			return fmt.Errorf("sample: %w", err)
+		}
+		defer d.Free(out)
+		ws, err := d.allocTensor(tensor.Bool, []int{int(max(SampleWorkspace(N, V), 1))})
+		if err != nil {
+			return fmt.Errorf("sample: %w", err)
+		}
+		defer d.Free(ws)
+		if err := d.sampleRows(out, rows, params, ws); err != nil {
+			return err
+		}
+		h, err := d.download(out)
+		if err != nil {
+			return fmt.Errorf("sample: %w", err)
+		}
+		ids = h.I32
+		return nil
+	})
+	return ids, err
+}
+
+// samplerParams converts the engine's draws to SampleRows' rows.
+func samplerParams(draws []sample.DeviceDraw) SampleParams {
+	rows := make(SampleParams, len(draws))
+	for i, d := range draws {
+		rows[i] = SampleRow{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK, Seed: d.Seed, Counter: d.Counter}
+	}
+	return rows
+}
