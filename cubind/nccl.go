@@ -1,6 +1,7 @@
 package cubind
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -287,8 +288,8 @@ func ncclErr(call string, rc int32, comm NCCLComm) error {
 // IsNCCLInProgress reports whether err is ncclInProgress: a call on a non-blocking
 // communicator that goes on in the background (not a failure).
 func IsNCCLInProgress(err error) bool {
-	e, ok := err.(*Error)
-	return ok && e.Name == "ncclInProgress"
+	var e *Error
+	return errors.As(err, &e) && e.Name == "ncclInProgress"
 }
 
 // NCCLVersion returns the version of the loaded NCCL as major*10000 + minor*100 + patch

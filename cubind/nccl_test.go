@@ -86,8 +86,8 @@ func TestNCCLDataTypeSize(t *testing.T) {
 func TestNCCLErrInProgress(t *testing.T) {
 	// Without the library loaded the error still carries the result's name.
 	err := ncclErr("ncclAllReduce", int32(NCCLInProgress), 0)
-	if !IsNCCLInProgress(err) {
-		t.Errorf("IsNCCLInProgress(%v) = false", err)
+	if !IsNCCLInProgress(err) || !IsNCCLInProgress(fmt.Errorf("rank 1 of 2: %w", err)) {
+		t.Errorf("IsNCCLInProgress(%v) = false, plain or wrapped", err)
 	}
 	err = ncclErr("ncclAllReduce", int32(NCCLRemoteError), 0)
 	if IsNCCLInProgress(err) || !strings.Contains(err.Error(), "ncclAllReduce: ncclRemoteError (6)") {
