@@ -155,6 +155,9 @@ func rankMain(role string, env Env, say func(string, ...any)) error {
 	say("all_reduce ok (%d f32 elements)", count)
 	switch role {
 	case "allreduce":
+		if err := timeAllReduce(c, s, say); err != nil {
+			return err
+		}
 		return w.Close()
 	case "dies":
 		if env.Rank == 1 {
@@ -178,4 +181,42 @@ func rankMain(role string, env Env, say func(string, ...any)) error {
 		return nil
 	}
 	return fmt.Errorf("unknown role %q", role)
+}
+
+// timeAllReduce measures back-to-back bf16 all_reduces on the multi-process (non-blocking)
+// communicator, for comparison with TestAllReduceLatency's in-process figures.
+func timeAllReduce(c *Comm, s cubind.Stream, say func(string, ...any)) error {
+	const maxBytes = 16 << 20
+	q, err := cubind.MemAlloc(maxBytes)
+	if err != nil {
+		return err
+	}
+	defer cubind.MemFree(q)
+	if err := cubind.MemsetD8Async(q, 0, maxBytes, s); err != nil {
+		return err
+	}
+	var line strings.Builder
+	for _, size := range []int{8 << 10, 256 << 10, 1 << 20, 16 << 20} {
+		const iters = 200
+		for range 10 { // warm up
+			if err := c.AllReduce(q, q, size/2, tensor.BF16, dist.Sum, s); err != nil {
+				return err
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			return err
+		}
+		start := time.Now()
+		for range iters {
+			if err := c.AllReduce(q, q, size/2, tensor.BF16, dist.Sum, s); err != nil {
+				return err
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			return err
+		}
+		fmt.Fprintf(&line, " %s %.1f us;", byteSize(size), float64(time.Since(start).Nanoseconds())/1e3/float64(iters))
+	}
+	say("bf16 all_reduce per call (2 processes):%s", line.String())
+	return nil
 }

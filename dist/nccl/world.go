@@ -292,13 +292,18 @@ func (w *World) Sync(ctx context.Context, s cubind.Stream) error {
 	deadline := start.Add(w.opts.Timeout)
 	var failedAt time.Time
 	wait := pollStart
-	for {
+	for i := 0; ; i++ {
 		done, err := w.event.Done()
 		if err != nil {
 			return w.syncErr(w.abort(fmt.Errorf("the stream failed: %w", err)))
 		}
 		if done {
 			return nil
+		}
+		spinning := time.Since(start) < spinFor
+		if spinning && i%16 != 15 {
+			runtime.Gosched() // while spinning, look at the rest every 16th time only
+			continue
 		}
 		for _, c := range w.comms {
 			if err := c.h.AsyncErr(); err != nil && !cubind.IsNCCLInProgress(err) {
@@ -318,7 +323,7 @@ func (w *World) Sync(ctx context.Context, s cubind.Stream) error {
 		if err := w.check(ctx, "waiting for the stream", deadline, false); err != nil {
 			return w.syncErr(err)
 		}
-		if now.Sub(start) < spinFor {
+		if spinning {
 			runtime.Gosched()
 			continue
 		}
