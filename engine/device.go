@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
 	"github.com/loom-ml/loom/backend/cuda"
 	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/dist/nccl"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/tensor"
@@ -61,35 +64,65 @@ func ResolveDevice(d Device) (Device, string, error) {
 	return "", "", fmt.Errorf("unknown device %q: want auto, cpu or cuda", d)
 }
 
-// CUDAModel is a checkpoint compiled for one GPU by backend/cuda. Without the cache stage
-// (LoadOptions.PagedCache) its graph runs whole sequences (input_ids and positions [B,S],
-// logits [B,S,vocab]) and serves GreedyRecompute; with it, the graph runs on the paged KV
-// cache and serves an Engine (NewCUDA).
+// CUDAModel is a checkpoint compiled for GPUs by backend/cuda: one GPU per rank of its
+// mesh. Without the cache stage (LoadOptions.PagedCache) its graph runs whole sequences
+// (input_ids and positions [B,S], logits [B,S,vocab]) and serves GreedyRecompute; with it,
+// the graph runs on the paged KV cache and serves an Engine (NewCUDA).
 type CUDAModel struct {
 	*model.Model
-	// Graph is the graph that runs: the optimized one unless LoadOptions.Optimize is off.
+	// Graph is the graph that runs (rank 0's on several ranks): the optimized one unless
+	// LoadOptions.Optimize is off.
 	Graph *graph.Graph
 	// Transforms holds the optimizer's per-transform results (nil without the optimizer).
 	Transforms []transform.Result
-	// Program is the compiled graph on the GPU.
+	// Program is the compiled graph on the GPU (rank 0's).
 	Program *cuda.Program
-	dev     *cuda.Device
+	// Mesh, Graphs and Programs describe a deployment on several GPUs (LoadOptions.Mesh):
+	// rank r runs Graphs[r] as Programs[r] on GPU r. Nil on one rank.
+	Mesh     dist.Mesh
+	Graphs   []*graph.Graph
+	Programs []*cuda.Program
+
+	devs   []*cuda.Device
+	worlds []*nccl.World
+	peers  *cuda.PeerGroup
 }
 
-// Executable returns what runs the model: its CUDA program.
-func (m *CUDAModel) Executable() Executable { return m.Program }
+// Executable returns what runs the model: its CUDA program, or on several ranks a
+// RankGroup of them.
+func (m *CUDAModel) Executable() Executable {
+	if len(m.Programs) > 1 {
+		exes := make([]Executable, len(m.Programs))
+		for r, p := range m.Programs {
+			exes[r] = p
+		}
+		return &RankGroup{Ranks: exes, Graphs: m.Graphs}
+	}
+	return m.Program
+}
 
-// Device returns the GPU the model runs on.
-func (m *CUDAModel) Device() *cuda.Device { return m.dev }
+// Device returns the GPU rank 0 runs on.
+func (m *CUDAModel) Device() *cuda.Device { return m.devs[0] }
 
-// Close frees the program's device memory, releases the GPU and closes the checkpoint.
+// Close frees the programs' device memory, the communicators and the GPUs, and closes the
+// checkpoint.
 func (m *CUDAModel) Close() error {
 	var errs []error
-	if m.Program != nil {
-		errs = append(errs, m.Program.Close())
+	progs := m.Programs
+	if len(progs) == 0 && m.Program != nil {
+		progs = []*cuda.Program{m.Program}
 	}
-	if m.dev != nil {
-		errs = append(errs, m.dev.Close())
+	for _, p := range progs {
+		errs = append(errs, p.Close())
+	}
+	if m.peers != nil {
+		errs = append(errs, m.peers.Close())
+	}
+	for _, w := range m.worlds {
+		errs = append(errs, w.Close())
+	}
+	for _, d := range m.devs {
+		errs = append(errs, d.Close())
 	}
 	if m.Model != nil {
 		errs = append(errs, m.Model.Close())
@@ -99,63 +132,158 @@ func (m *CUDAModel) Close() error {
 
 // LoadCUDA opens the checkpoint in dir, builds its graph, optimizes it when opts.Optimize is
 // set (with the cache stage only when opts.PagedCache is set or a --set turns it on) and
-// compiles it for GPU 0. With the cache stage on, the graph runs on the paged KV cache
-// and serves an Engine (see NewCUDA): its cache inputs kv_cache.* stay resident on the GPU,
-// updated in place by paged_attention, and the engine's host copies are never read. An op
-// of the graph without a CUDA kernel is an error naming it. With f32 activations every
-// linear multiplies in f32 (bf16 weights widened once, at load time), so that logits and
-// greedy tokens match the CPU backend's. One rank only: opts.Mesh must be a single rank.
+// compiles it for GPU 0, or with a mesh of several ranks for GPUs 0..n-1, one rank each,
+// whose collectives run through NCCL communicators of this process (dist/nccl) and, for
+// small all-reduces, the one-shot peer kernel over NVLink. With the cache stage on, the
+// graph runs on the paged KV cache and serves an Engine (see NewCUDA): its cache inputs
+// kv_cache.* stay resident on the GPU, updated in place by paged_attention, and each
+// engine step is captured once per bucket of shapes as a CUDA graph and replayed (unless
+// opts.EagerCUDA). An op of the graph without a CUDA kernel is an error naming it. With f32
+// activations every linear multiplies in f32 (bf16 weights widened once, at load time), so
+// that logits and greedy tokens match the CPU backend's.
 func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, error) {
 	start := time.Now()
-	if opts.Mesh.Size() > 1 {
-		return nil, fmt.Errorf("%s: the CUDA backend runs one rank; the mesh %s has %d", dir, opts.Mesh, opts.Mesh.Size())
-	}
 	if err := cubind.Available(); err != nil {
 		return nil, fmt.Errorf("%s: device cuda: no GPU can be used: %w", dir, err)
+	}
+	n := max(opts.Mesh.Size(), 1)
+	if n > 1 {
+		if !opts.Optimize {
+			return nil, fmt.Errorf("%s: a mesh of %d ranks (%s) needs the optimizer: sharding is a transform", dir, n, opts.Mesh)
+		}
+		if b, err := dist.ResolveBackend(opts.DistBackend, "cuda"); err != nil {
+			return nil, err
+		} else if b != dist.BackendNCCL {
+			return nil, fmt.Errorf("%s: on CUDA the ranks talk through nccl, not %s", dir, b)
+		}
+		if count, err := cubind.DeviceCount(); err != nil {
+			return nil, err
+		} else if count < n {
+			return nil, fmt.Errorf("%s: the mesh %s needs %d GPUs, this machine has %d", dir, opts.Mesh, n, count)
+		}
 	}
 	m, g, err := OpenGraph(dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	var results []transform.Result
+	cm := &CUDAModel{Model: m}
+	fail := func(err error) (*CUDAModel, error) {
+		cm.Close()
+		return nil, err
+	}
+	graphs := []*graph.Graph{g}
 	if opts.Optimize {
 		flags := opts.Transforms
 		if opts.PagedCache {
 			flags = withCacheStage(flags)
 		}
-		if g, results, err = Optimize(ctx, &flags, m, g); err != nil {
-			m.Close()
-			return nil, err
+		if n > 1 {
+			graphs, cm.Transforms, err = OptimizeRanks(ctx, &flags, m, g, opts.Mesh)
+		} else {
+			g, cm.Transforms, err = Optimize(ctx, &flags, m, g)
+			graphs = []*graph.Graph{g}
+		}
+		if err != nil {
+			return fail(err)
 		}
 	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		m.Close()
-		return nil, fmt.Errorf("%s: %w", dir, err)
+	for r := range n {
+		d, err := cuda.Open(r)
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", dir, err))
+		}
+		cm.devs = append(cm.devs, d)
+	}
+	copts := make([]cuda.Options, n)
+	if n > 1 {
+		devices := make([]int, n)
+		for r := range devices {
+			devices[r] = r
+		}
+		if cm.worlds, err = nccl.InitAll(devices, opts.Mesh); err != nil {
+			return fail(fmt.Errorf("%s: %w", dir, err))
+		}
+		if tp, _ := opts.Mesh.AxisSize(opts.Mesh.Axes()[0].Name); tp == n {
+			// One axis: the one-shot peer kernel serves the whole world's small all-reduces.
+			if cm.peers, err = cuda.NewPeerGroup(cm.devs, peerMaxBytes); err != nil {
+				slog.Warn("one-shot all-reduce unavailable; every all-reduce goes through NCCL", "err", err)
+				cm.peers = nil
+			}
+		}
+		for r := range n {
+			copts[r] = cuda.Options{Comm: ncclRank{cm.worlds[r]}, Mesh: opts.Mesh, Rank: r}
+			if cm.peers != nil {
+				copts[r].Peer = cm.peers.Rank(r)
+			}
+		}
 	}
 	act := opts.ActivationDType
 	if act == tensor.Invalid {
 		act = tensor.F32
 	}
-	var resident []string
-	for _, in := range g.Inputs {
-		if strings.HasPrefix(in.Name, "kv_cache.") {
-			resident = append(resident, in.Name)
+	for r := range n {
+		rg := graphs[min(r, len(graphs)-1)]
+		o := &copts[r]
+		o.ExactF32Linear = act == tensor.F32
+		o.Graphs = opts.PagedCache && !opts.EagerCUDA
+		o.Profile = opts.ProfileCUDA
+		for _, in := range rg.Inputs {
+			if strings.HasPrefix(in.Name, "kv_cache.") {
+				o.Resident = append(o.Resident, in.Name)
+			}
+		}
+		prog, err := cuda.Compile(ctx, cm.devs[r], rg, m.Checkpoint, o)
+		if err != nil {
+			return fail(fmt.Errorf("compile %s for CUDA (rank %d): %w", dir, r, err))
+		}
+		cm.Programs = append(cm.Programs, prog)
+		if n > 1 {
+			cm.Graphs = append(cm.Graphs, rg)
 		}
 	}
-	prog, err := cuda.Compile(ctx, dev, g, m.Checkpoint, &cuda.Options{
-		ExactF32Linear: act == tensor.F32, Resident: resident, Graphs: opts.PagedCache && !opts.EagerCUDA,
-		Profile: opts.ProfileCUDA,
-	})
-	if err != nil {
-		dev.Close()
-		m.Close()
-		return nil, fmt.Errorf("compile %s for CUDA: %w", dir, err)
+	cm.Program, cm.Graph = cm.Programs[0], graphs[0]
+	if n == 1 {
+		cm.Programs = nil
+	} else {
+		cm.Mesh = opts.Mesh
 	}
-	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "device", dev.Info().String(),
-		"nodes", len(g.Nodes), "weight_bytes", prog.WeightBytes(), "time", time.Since(start).Round(time.Millisecond))
-	return &CUDAModel{Model: m, Graph: g, Transforms: results, Program: prog, dev: dev}, nil
+	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "device", cm.devs[0].Info().String(),
+		"ranks", n, "nodes", len(cm.Graph.Nodes), "weight_bytes_rank0", cm.Program.WeightBytes(), "time", time.Since(start).Round(time.Millisecond))
+	return cm, nil
 }
+
+// peerMaxBytes is the largest all-reduce, in bytes per rank, the one-shot peer group holds
+// (a decode step of 64 sequences of width 8192 in bf16 is 1 MiB).
+const peerMaxBytes = 4 << 20
+
+// ncclRank adapts a rank's NCCL world to the CUDA executor's Collectives.
+type ncclRank struct{ w *nccl.World }
+
+func (r ncclRank) AllReduce(g dist.Group, send, recv cubind.DevicePtr, count int, dt tensor.DType, op dist.ReduceOp, s cubind.Stream) error {
+	c, err := r.w.Group(g)
+	if err != nil {
+		return err
+	}
+	return c.AllReduce(send, recv, count, dt, op, s)
+}
+
+func (r ncclRank) AllGather(g dist.Group, send, recv cubind.DevicePtr, sendCount int, dt tensor.DType, s cubind.Stream) error {
+	c, err := r.w.Group(g)
+	if err != nil {
+		return err
+	}
+	return c.AllGather(send, recv, sendCount, dt, s)
+}
+
+func (r ncclRank) ReduceScatter(g dist.Group, send, recv cubind.DevicePtr, recvCount int, dt tensor.DType, op dist.ReduceOp, s cubind.Stream) error {
+	c, err := r.w.Group(g)
+	if err != nil {
+		return err
+	}
+	return c.ReduceScatter(send, recv, recvCount, dt, op, s)
+}
+
+func (r ncclRank) Sync(ctx context.Context, s cubind.Stream) error { return r.w.Sync(ctx, s) }
 
 // The default KV cache size on a GPU: this fraction of the memory free after loading,
 // keeping cudaReserveBytes back for activations, cuBLAS and captured graphs.
@@ -173,15 +301,26 @@ func NewCUDA(ctx context.Context, m *CUDAModel, opts Options) (*Engine, error) {
 		return nil, errors.New("engine: no CUDA model")
 	}
 	if opts.KVBlocks == 0 && opts.KVCacheBytes == 0 {
-		free, _, err := m.dev.MemInfo()
-		if err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
+		least := uint64(math.MaxUint64)
+		for _, d := range m.devs {
+			free, _, err := d.MemInfo()
+			if err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
+			}
+			least = min(least, free)
 		}
-		if free <= cudaReserveBytes {
-			return nil, fmt.Errorf("engine: the GPU has %d MiB free after the weights, too little for a KV cache", free>>20)
+		if least <= cudaReserveBytes {
+			return nil, fmt.Errorf("engine: a GPU has %d MiB free after the weights, too little for a KV cache", least>>20)
 		}
-		opts.KVCacheBytes = int64(float64(free-cudaReserveBytes) * cudaCacheFraction)
+		opts.KVCacheBytes = int64(float64(least-cudaReserveBytes) * cudaCacheFraction)
 	}
 	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
-	return NewRanks(ctx, []Rank{{Graph: m.Graph, Exe: m.Program}}, info, opts)
+	ranks := []Rank{{Graph: m.Graph, Exe: m.Program}}
+	if len(m.Programs) > 1 {
+		ranks = make([]Rank, len(m.Programs))
+		for r, p := range m.Programs {
+			ranks[r] = Rank{Graph: m.Graphs[r], Exe: p}
+		}
+	}
+	return NewRanks(ctx, ranks, info, opts)
 }

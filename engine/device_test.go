@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/tensor"
 )
 
 func TestParseDevice(t *testing.T) {
@@ -50,14 +52,31 @@ func TestResolveDevice(t *testing.T) {
 	}
 }
 
-func TestLoadCUDARefusesMesh(t *testing.T) {
-	mesh, err := dist.ParseMesh("tp=2")
-	if err != nil {
-		t.Fatal(err)
+func TestLoadCUDAMeshErrors(t *testing.T) {
+	needGPU(t)
+	dir := filepath.Join("..", "testdata", "tiny-llama")
+	tp := func(n int) dist.Mesh {
+		m, err := dist.NewMesh(dist.Axis{Name: "tp", Size: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
 	}
-	_, err = LoadCUDA(context.Background(), filepath.Join("..", "testdata", "tiny-llama"), LoadOptions{Optimize: true, Mesh: mesh})
-	if err == nil || !strings.Contains(err.Error(), "one rank") {
-		t.Fatalf("error = %v, want one about ranks", err)
+	for _, tc := range []struct {
+		name string
+		opts LoadOptions
+		want string
+	}{
+		{"plain graph", LoadOptions{Mesh: tp(2)}, "needs the optimizer"},
+		{"local backend", LoadOptions{Optimize: true, Mesh: tp(2), DistBackend: "local"}, "nccl"},
+		{"too many ranks", LoadOptions{Optimize: true, Mesh: tp(64)}, "needs 64 GPUs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadCUDA(context.Background(), dir, tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tc.want)
+			}
+		})
 	}
 }
 
@@ -65,7 +84,22 @@ func needGPU(t *testing.T) {
 	t.Helper()
 	if err := cubind.Available(); err != nil {
 		msg, _, _ := strings.Cut(err.Error(), "\n")
+		if os.Getenv("LOOM_REQUIRE_GPU") == "1" {
+			t.Fatal("LOOM_REQUIRE_GPU=1 but no GPU found: " + msg)
+		}
 		t.Skip("no GPU found: " + msg)
+	}
+}
+
+// needGPUs skips the test unless the machine has n GPUs (fails with LOOM_REQUIRE_GPU=1).
+func needGPUs(t *testing.T, n int) {
+	t.Helper()
+	needGPU(t)
+	if c, err := cubind.DeviceCount(); err != nil || c < n {
+		if os.Getenv("LOOM_REQUIRE_GPU") == "1" {
+			t.Fatalf("LOOM_REQUIRE_GPU=1 but %d GPUs found (%v), the test needs %d", c, err, n)
+		}
+		t.Skipf("%d GPUs found, the test needs %d", c, n)
 	}
 }
 
@@ -164,4 +198,61 @@ func TestCUDAEngineMatchesCPU(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Tensor parallelism on GPUs: the tp=2 CUDA engine (NCCL communicators in this process, the
+// one-shot peer kernel for small all-reduces, CUDA graphs capturing both) gives Hugging
+// Face's greedy tokens up to the first near tie: with f32 activations as the CPU does (ties
+// closer than lowMargin), with bf16 ones up to ties closer than bf16Margin.
+func TestCUDAEngineTP2(t *testing.T) {
+	needGPUs(t, 2)
+	mesh, err := dist.ParseMesh("tp=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tiny-llama", "tiny-qwen2", "tiny-gqa6"} {
+		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
+			t.Run(name+"/"+act.String(), func(t *testing.T) {
+				dir := filepath.Join("..", "testdata", name)
+				m, err := LoadCUDA(context.Background(), dir, LoadOptions{Optimize: true, PagedCache: true, Mesh: mesh, ActivationDType: act})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				ref := loadReference(t, dir)
+				var reqs []Request
+				for _, p := range ref.Prompts {
+					reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
+				}
+				got := generateAll(t, e, reqs)
+				for i, p := range ref.Prompts {
+					margins := p.GreedyMargins
+					if act == tensor.BF16 {
+						margins = widenTies(margins, bf16Margin)
+					}
+					checkGreedy(t, got[i], p.GreedyNewIDs, margins)
+				}
+			})
+		}
+	}
+}
+
+// bf16Margin is the closest top-two logit gap that bf16 activations (about 2^-9 relative
+// error per op) still order as f32 does on the fixtures.
+const bf16Margin = 0.125
+
+// widenTies marks as near ties (below lowMargin, see checkGreedy) the margins below m.
+func widenTies(margins []float64, m float64) []float64 {
+	out := slices.Clone(margins)
+	for i, v := range out {
+		if v < m {
+			out[i] = 0
+		}
+	}
+	return out
 }

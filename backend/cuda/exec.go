@@ -14,6 +14,7 @@ import (
 
 	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -30,7 +31,10 @@ type opKernel struct {
 	// of the plan, it is at a fixed address for a set of shapes, so steps that use it can be
 	// captured in CUDA graphs.
 	workspace func(n *graph.Node, in [][]int) int64
-	run       func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
+	// collective marks the collective ops: at compile time they are bound to the program's
+	// rank of its mesh (Options.Comm, Mesh, Rank), and the binding is their state.
+	collective bool
+	run        func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
 }
 
 // opKernels is the table of ops the executor lowers. An op missing here is a compile-time
@@ -164,6 +168,13 @@ type Program struct {
 	resident []int
 	// graphs is Options.Graphs.
 	graphs bool
+	// comm, mesh, rank and peer are Options.Comm, Mesh, Rank and Peer; hasCollectives is
+	// set when the graph has collective ops.
+	comm           Collectives
+	mesh           dist.Mesh
+	rank           int
+	peer           *PeerRank
+	hasCollectives bool
 	// prof collects per-op GPU time with Options.Profile.
 	prof *profiler
 
@@ -197,6 +208,16 @@ type Options struct {
 	// Program.Profile). Steps then run eagerly, one at a time, without CUDA graphs: a
 	// profile shows where the GPU time goes, not the overlapped speed.
 	Profile bool
+	// Comm is this rank's communicator for the collective ops of a sharded graph; Mesh is
+	// the deployment's mesh and Rank this program's rank in it. A graph with collectives
+	// needs all three.
+	Comm Collectives
+	Mesh dist.Mesh
+	Rank int
+	// Peer, when set, is this rank's place in a one-shot peer group (NewPeerGroup) that
+	// all-reduces over the group of the same ranks: small all-reduces (OneShotMaxBytes) go
+	// through it instead of Comm.
+	Peer *PeerRank
 	// Resident names graph inputs that live on the device, such as the engine's KV caches
 	// (kv_cache.<layer>.k/.v): the first Run uploads the tensor passed for each (or, for a
 	// tensor with a shape but no elements stored, such as kvcache.NewCacheShapes makes,
@@ -241,6 +262,7 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 	}
 	p, slot := newProgram(d, g)
 	p.graphs = opts.Graphs
+	p.comm, p.mesh, p.rank, p.peer = opts.Comm, opts.Mesh, opts.Rank, opts.Peer
 	if opts.Profile {
 		p.prof = &profiler{ops: map[string]*OpTime{}}
 	}
@@ -334,6 +356,14 @@ func (p *Program) compileNode(ctx context.Context, n *graph.Node, slot map[*grap
 	}
 	for _, o := range n.Outputs {
 		st.out = append(st.out, slot[o])
+	}
+	if k.collective {
+		c, err := p.bindCollective(n)
+		if err != nil {
+			return err
+		}
+		st.state = c
+		p.hasCollectives = true
 	}
 	if k.prepare != nil {
 		s, err := k.prepare(d, n)
@@ -700,6 +730,9 @@ func (p *Program) execute(ctx context.Context, inputs map[string]*tensor.Tensor,
 	err = p.dev.do(func() error {
 		vals, err := p.run(ctx, pl, inputs)
 		if err != nil {
+			return err
+		}
+		if err := p.syncCollectives(ctx); err != nil {
 			return err
 		}
 		return finish(vals)
