@@ -1,0 +1,131 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Kernels of the fused ops over packed projections, qkv_rope and swiglu_packed (see
+// graph/catalog_fused.go): they read the output of a fused q/k/v or gate/up GEMM in place
+// instead of its split copies. Kernels are in kernels/packed.cu.
+
+func init() {
+	opKernels["qkv_rope"] = &opKernel{
+		prepare: func(d *Device, n *graph.Node) (any, error) {
+			inv := n.Attrs.Floats("inv_freq")
+			f := make([]float32, len(inv))
+			for i, v := range inv {
+				f[i] = float32(v)
+			}
+			return d.upload(tensor.FromF32(f, len(f)))
+		},
+		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
+			return d.qkvRope(out[0], out[1], out[2], in[0], in[1], state.(*Tensor),
+				n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), float32(n.Attrs.Float("scaling")))
+		},
+	}
+	opKernels["swiglu_packed"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return d.swigluPacked(out[0], in[0])
+	}}
+}
+
+// qkvRopeSpan is how many work items of a token row (rotation pairs of q and k, elements of
+// v) one block of qkv_rope serves: a row is spread over several blocks, so that decoding a
+// few tokens still fills several SMs.
+const qkvRopeSpan = 512
+
+// QKVRoPE runs graph op qkv_rope: x[B,S,(H+2*KV)*D] (f32 or bf16) holds per token H heads
+// of q, then KV of k, then KV of v; positions[B,S] is i32 or i64 and invFreq f32[D/2]. It
+// writes q[B,H,S,D] and k[B,KV,S,D] rotated as Rope rotates them, and v[B,KV,S,D], all of
+// x's dtype. One kernel launch whose configuration depends only on the shapes; nothing is
+// allocated, so it can be captured in a CUDA graph.
+func (d *Device) QKVRoPE(qOut, kOut, vOut, x, pos, invFreq *Tensor, heads, kvHeads int, scaling float32) error {
+	return d.do(func() error { return d.qkvRope(qOut, kOut, vOut, x, pos, invFreq, heads, kvHeads, scaling) })
+}
+
+func (d *Device) qkvRope(qOut, kOut, vOut, x, pos, invFreq *Tensor, H, KV int, scaling float32) error {
+	if err := checkLive(qOut, kOut, vOut, x, pos, invFreq); err != nil {
+		return fmt.Errorf("cuda: qkv_rope: %w", err)
+	}
+	xn, err := floatName("x", x.DType)
+	if err != nil {
+		return fmt.Errorf("cuda: qkv_rope: %w", err)
+	}
+	pn, err := intName("positions", pos.DType)
+	if err != nil {
+		return fmt.Errorf("cuda: qkv_rope: %w", err)
+	}
+	if len(pos.Shape) != 2 {
+		return fmt.Errorf("cuda: qkv_rope: positions must be [B,S], got %v", pos.Shape)
+	}
+	if invFreq.DType != tensor.F32 || len(invFreq.Shape) != 1 || invFreq.Shape[0] < 1 {
+		return fmt.Errorf("cuda: qkv_rope: inv_freq must be f32[D/2], got %s%v", invFreq.DType, invFreq.Shape)
+	}
+	B, S, half := pos.Shape[0], pos.Shape[1], invFreq.Shape[0]
+	D := 2 * half
+	if H < 1 || KV < 1 {
+		return fmt.Errorf("cuda: qkv_rope: needs heads and kv_heads >= 1, got %d and %d", H, KV)
+	}
+	if len(x.Shape) != 3 || x.Shape[0] != B || x.Shape[1] != S || x.Shape[2] != (H+2*KV)*D {
+		return fmt.Errorf("cuda: qkv_rope: x %v does not fit positions %v with %d+2*%d heads of %d", x.Shape, pos.Shape, H, KV, D)
+	}
+	for i, o := range []*Tensor{qOut, kOut, vOut} {
+		nh := []int{H, KV, KV}[i]
+		if err := checkOut([]string{"q output", "k output", "v output"}[i], o, x.DType, []int{B, nh, S, D}); err != nil {
+			return fmt.Errorf("cuda: qkv_rope: %w", err)
+		}
+	}
+	rows, total := B*S, (H+KV)*half+KV*D
+	if rows == 0 {
+		return nil
+	}
+	blocks := (total + qkvRopeSpan - 1) / qkvRopeSpan
+	if rows > 1<<31-1 || blocks > 65535 || (H+2*KV)*D > 1<<31-1 {
+		return fmt.Errorf("cuda: qkv_rope: %d rows of %d work items exceed the grid", rows, total)
+	}
+	scaled := int32(0)
+	if scaling != 1 {
+		scaled = 1
+	}
+	grid := cubind.Dim3{X: rows, Y: blocks, Z: 1}
+	return d.launch("packed.cu", "qkv_rope_"+xn+"_"+pn, grid, block256, 8*half, func(a *cubind.Args) {
+		a.Ptr(qOut.ptr).Ptr(kOut.ptr).Ptr(vOut.ptr).Ptr(x.ptr).Ptr(pos.ptr).Ptr(invFreq.ptr).
+			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(half)).F32(scaling).I32(scaled).I32(qkvRopeSpan)
+	})
+}
+
+// SwiGLUPacked runs graph op swiglu_packed: x[...,2I] (f32 or bf16; gate the first I of each
+// row, up the last I) -> out[...,I] of x's dtype, silu(gate) * up computed as SwiGLU computes
+// it. One grid-stride launch; nothing is allocated.
+func (d *Device) SwiGLUPacked(out, x *Tensor) error {
+	return d.do(func() error { return d.swigluPacked(out, x) })
+}
+
+func (d *Device) swigluPacked(out, x *Tensor) error {
+	if err := checkLive(out, x); err != nil {
+		return fmt.Errorf("cuda: swiglu_packed: %w", err)
+	}
+	xn, err := floatName("x", x.DType)
+	if err != nil {
+		return fmt.Errorf("cuda: swiglu_packed: %w", err)
+	}
+	if len(x.Shape) == 0 || x.Shape[len(x.Shape)-1]%2 != 0 {
+		return fmt.Errorf("cuda: swiglu_packed: x %v has no even last axis", x.Shape)
+	}
+	shape := append([]int(nil), x.Shape...)
+	I := shape[len(shape)-1] / 2
+	shape[len(shape)-1] = I
+	if err := checkOut("output", out, x.DType, shape); err != nil {
+		return fmt.Errorf("cuda: swiglu_packed: %w", err)
+	}
+	n := int64(tensor.Numel(shape))
+	if n == 0 {
+		return nil
+	}
+	return d.launch("packed.cu", "swiglu_packed_"+xn, d.gridStride(n), block256, 0, func(a *cubind.Args) {
+		a.Ptr(out.ptr).Ptr(x.ptr).I64(int64(I)).I64(n)
+	})
+}

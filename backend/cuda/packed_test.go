@@ -1,0 +1,144 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// qkv_rope and swiglu_packed against the CPU backend's kernels of the same ops (which give
+// the bits of their decompositions), on random inputs; and a captured CUDA graph of a model
+// that uses both.
+
+func TestQKVRoPE(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, tc := range []struct {
+		B, S, H, KV, D int
+		scaling        float64
+		pos            tensor.DType
+	}{
+		{1, 1, 1, 1, 2, 1, tensor.I32},       // one head each, D=2
+		{1, 1, 32, 8, 128, 1, tensor.I32},    // a Llama-3-8B decode token: several blocks per row
+		{1, 37, 4, 2, 16, 1, tensor.I64},     // GQA, odd S
+		{2, 37, 6, 1, 64, 0.7, tensor.I32},   // H not a power of two, scaled
+		{3, 5, 3, 3, 10, 1, tensor.I64},      // MHA, D/2 odd
+		{2, 9, 40, 8, 128, 1.25, tensor.I32}, // rows wider than a block's span
+	} {
+		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+			W := (tc.H + 2*tc.KV) * tc.D
+			x := randTensor(rng, dt, []int{tc.B, tc.S, W}, -2, 2)
+			pos := randInts(rng, tc.pos, []int{tc.B, tc.S}, 5000)
+			inv := invFreqs(tc.D, 10000)
+			want := cpuOp(t, "qkv_rope", graph.Attrs{"heads": tc.H, "kv_heads": tc.KV, "inv_freq": inv, "scaling": tc.scaling}, x, pos)
+			f := make([]float32, len(inv))
+			for i, v := range inv {
+				f[i] = float32(v)
+			}
+			in := up(t, d, x, pos, tensor.FromF32(f, len(f)))
+			out := like(t, d, want...)
+			if err := d.QKVRoPE(out[0], out[1], out[2], in[0], in[1], in[2], tc.H, tc.KV, float32(tc.scaling)); err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("%s B%d S%d H%d KV%d D%d scaling %g pos %s", dt, tc.B, tc.S, tc.H, tc.KV, tc.D, tc.scaling, tc.pos)
+			tl := tolFor(dt)
+			if dt == tensor.BF16 {
+				tl.atol = 1.0 / 128 // as for rope: one ulp of the terms, not of their sum
+			}
+			compare(t, "qkv_rope", name+" q", down(t, d, out[0]), want[0], tl)
+			compare(t, "qkv_rope", name+" k", down(t, d, out[1]), want[1], tl)
+			compare(t, "qkv_rope", name+" v", down(t, d, out[2]), want[2], exact)
+		}
+	}
+}
+
+func TestSwiGLUPacked(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, shape := range [][]int{{2}, {1, 1, 2 * 14336}, {1, 37, 2 * 160}, {3, 2 * 1001}, {2, 5, 2 * 7}} {
+		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+			x := randTensor(rng, dt, shape, -6, 6)
+			want := cpuOp(t, "swiglu_packed", nil, x)[0]
+			in := up(t, d, x)
+			out := like(t, d, want)
+			if err := d.SwiGLUPacked(out[0], in[0]); err != nil {
+				t.Fatal(err)
+			}
+			compare(t, "swiglu_packed", fmt.Sprintf("%s%v", dt, shape), down(t, d, out[0]), want, tolFor(dt))
+		}
+	}
+}
+
+// Bad operands are errors, not launches.
+func TestPackedChecks(t *testing.T) {
+	d := gpu(t)
+	x := up(t, d, tensor.New(tensor.BF16, 1, 3, 16), tensor.New(tensor.I32, 1, 3), tensor.FromF32([]float32{1, 0.5}, 2))
+	outs := like(t, d, tensor.New(tensor.BF16, 1, 2, 3, 4), tensor.New(tensor.BF16, 1, 1, 3, 4), tensor.New(tensor.F32, 1, 1, 3, 4))
+	if err := d.QKVRoPE(outs[0], outs[1], outs[1], x[0], x[1], x[2], 2, 1, 1); err != nil {
+		t.Errorf("fitting operands: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+	}{
+		{"heads that do not fit x", d.QKVRoPE(outs[0], outs[1], outs[1], x[0], x[1], x[2], 3, 1, 1)},
+		{"v output of another dtype", d.QKVRoPE(outs[0], outs[1], outs[2], x[0], x[1], x[2], 2, 1, 1)},
+		{"float positions", d.QKVRoPE(outs[0], outs[1], outs[1], x[0], x[2], x[2], 2, 1, 1)},
+		{"swiglu_packed output of another shape", d.SwiGLUPacked(outs[0], x[0])},
+	} {
+		if c.err == nil {
+			t.Errorf("%s: no error", c.name)
+		}
+	}
+}
+
+// A model graph with qkv_rope and swiglu_packed (tiny-llama through the default pipeline)
+// captured as a CUDA graph and replayed gives the bits of eager launches, with new inputs on
+// every run.
+func TestPackedProgramGraphReplay(t *testing.T) {
+	d := gpu(t)
+	m, _, _ := fixtureGraphs(t, "tiny-llama", tensor.BF16)
+	g := optimizedGraph(t, m, tensor.BF16)
+	ops := map[string]int{}
+	for _, n := range g.Nodes {
+		ops[n.Op]++
+	}
+	if ops["qkv_rope"] == 0 || ops["swiglu_packed"] == 0 {
+		t.Fatalf("the optimized graph has no qkv_rope or swiglu_packed: %v", ops)
+	}
+	eager, err := Compile(context.Background(), d, g, m.Checkpoint, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eager.Close()
+	graphs, err := Compile(context.Background(), d, g, m.Checkpoint, &Options{Graphs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graphs.Close()
+	rng := rand.New(rand.NewPCG(25, 26))
+	for _, bs := range [][2]int{{1, 1}, {1, 1}, {1, 1}, {1, 1}, {2, 37}, {2, 37}, {2, 37}} {
+		in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
+		want, err := eager.Run(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := graphs.Run(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got[0].Float32s(), want[0].Float32s()) {
+			t.Fatalf("B%d S%d: graph replay differs from eager launches", bs[0], bs[1])
+		}
+	}
+	for key, pl := range graphs.plans {
+		if pl.noGraph || pl.graph == 0 {
+			t.Errorf("bucket %s was not captured (noGraph=%v)", key, pl.noGraph)
+		}
+	}
+}
