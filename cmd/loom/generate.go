@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/tokenizer"
 	"github.com/loom-ml/loom/transform"
@@ -74,14 +75,16 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 				eos   []int
 			)
 			if dev == engine.DeviceCUDA {
-				m, err := engine.LoadCUDA(cmd.Context(), dir, engine.LoadOptions{Optimize: !noOptimize, Transforms: transforms})
+				m, err := engine.LoadCUDA(cmd.Context(), dir, engine.LoadOptions{
+					Optimize: !noOptimize, Transforms: transforms, Mesh: mesh, DistBackend: ranks.distBackend,
+				})
 				if err != nil {
 					return err
 				}
 				defer m.Close()
 				exe, vocab, eos = m.Executable(), m.Config.VocabSize, m.EOSTokenIDs()
 			} else {
-				m, err := loadOnMesh(cmd, dir, !noOptimize, transforms, mesh)
+				m, err := loadOnMesh(cmd, dir, !noOptimize, transforms, mesh, ranks.distBackend)
 				if err != nil {
 					return err
 				}
@@ -140,8 +143,9 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 }
 
 // pickDevice resolves --device and logs the device picked and why. auto takes the CPU for
-// what the CUDA backend does not run: the plain graph (--no-optimize) and meshes of several
-// ranks; --device cuda with those, or without a usable GPU, is an error.
+// what the CUDA backend does not run: the plain graph (--no-optimize), and meshes of more
+// ranks than the machine has GPUs; --device cuda with the plain graph, or without a usable
+// GPU, is an error (and LoadCUDA refuses a mesh larger than the GPUs).
 func pickDevice(flag string, noOptimize bool, ranks int) (engine.Device, error) {
 	d, err := engine.ParseDevice(flag)
 	if err != nil {
@@ -151,15 +155,15 @@ func pickDevice(flag string, noOptimize bool, ranks int) (engine.Device, error) 
 	switch {
 	case d == engine.DeviceAuto && noOptimize:
 		d, reason = engine.DeviceCPU, "auto: the plain graph (--no-optimize) runs on the CPU only"
-	case d == engine.DeviceAuto && ranks > 1:
-		d, reason = engine.DeviceCPU, fmt.Sprintf("auto: a mesh of %d ranks runs on the CPU only", ranks)
 	case d == engine.DeviceCUDA && noOptimize:
 		return "", fmt.Errorf("--device cuda runs the optimized graph: the plain graph has ops without CUDA kernels; drop --no-optimize")
-	case d == engine.DeviceCUDA && ranks > 1:
-		return "", fmt.Errorf("--device cuda runs one rank, not a mesh of %d", ranks)
 	default:
+		auto := d == engine.DeviceAuto
 		if d, reason, err = engine.ResolveDevice(d); err != nil {
 			return "", fmt.Errorf("--device: %w", err)
+		}
+		if n, err := cubind.DeviceCount(); auto && d == engine.DeviceCUDA && ranks > 1 && (err != nil || n < ranks) {
+			d, reason = engine.DeviceCPU, fmt.Sprintf("auto: a mesh of %d ranks, %d GPUs", ranks, n)
 		}
 	}
 	slog.Info("device picked", "device", string(d), "reason", reason)

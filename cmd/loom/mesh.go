@@ -20,16 +20,13 @@ type meshFlags struct {
 
 func addMeshFlags(cmd *cobra.Command, f *meshFlags) {
 	fl := cmd.Flags()
-	fl.IntVar(&f.worldSize, "world-size", 0, "number of ranks, tensor-parallel (tp=N); on the CPU, goroutines of this process")
+	fl.IntVar(&f.worldSize, "world-size", 0, "number of ranks, tensor-parallel (tp=N): on the CPU goroutines of this process, on CUDA one GPU each")
 	fl.StringVar(&f.mesh, "mesh", "", "device mesh, innermost axis first, e.g. tp=2 or tp=2,dp=2 (its size is the world size)")
 	fl.StringVar(&f.distBackend, "dist-backend", "auto", "communicator: auto, local (goroutine ranks) or nccl (CUDA)")
 }
 
 // resolve turns the flags into a mesh; the zero Mesh is one rank.
 func (f meshFlags) resolve() (dist.Mesh, error) {
-	if _, err := dist.ResolveBackend(f.distBackend, "cpu"); err != nil {
-		return dist.Mesh{}, fmt.Errorf("--dist-backend: %w", err)
-	}
 	m, err := engine.MeshFor(f.worldSize, f.mesh)
 	if err != nil {
 		return dist.Mesh{}, fmt.Errorf("--world-size/--mesh: %w", err)
@@ -39,9 +36,12 @@ func (f meshFlags) resolve() (dist.Mesh, error) {
 
 // loadOnMesh loads the model in dir on mesh: loadModel on one rank, else every rank's
 // program (rank 0's executable runs them all; see engine.Model.Executable).
-func loadOnMesh(cmd *cobra.Command, dir string, optimize bool, flags transform.Flags, mesh dist.Mesh) (*engine.Model, error) {
+func loadOnMesh(cmd *cobra.Command, dir string, optimize bool, flags transform.Flags, mesh dist.Mesh, distBackend string) (*engine.Model, error) {
+	if _, err := dist.ResolveBackend(distBackend, "cpu"); err != nil {
+		return nil, fmt.Errorf("--dist-backend: %w", err)
+	}
 	if mesh.Size() <= 1 {
 		return loadModel(cmd, dir, optimize, flags)
 	}
-	return engine.Load(cmd.Context(), dir, engine.LoadOptions{Optimize: optimize, Transforms: flags, Mesh: mesh})
+	return engine.Load(cmd.Context(), dir, engine.LoadOptions{Optimize: optimize, Transforms: flags, Mesh: mesh, DistBackend: distBackend})
 }
