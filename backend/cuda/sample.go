@@ -58,10 +58,10 @@ func (p SampleParams) Tensor() *tensor.Tensor {
 }
 
 // sampleCap is the candidates per row the workspace holds (see kernels/sample.cu).
-func sampleCap(V int) int { return min(V, 4096) }
+func sampleCap(V int) int { return min(V, 16384) }
 
 // SampleWorkspace returns the bytes of scratch memory SampleRows needs for N rows of V
-// logits: per row room for 4096 candidates (key and index, 8 bytes each).
+// logits: per row room for 16384 candidates (key and index, 8 bytes each).
 func SampleWorkspace(N, V int) int64 {
 	if N <= 0 || V <= 0 {
 		return 0

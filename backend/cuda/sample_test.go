@@ -122,8 +122,8 @@ func TestSampleGreedy(t *testing.T) {
 
 // The empirical frequencies of many draws (8192 counters) from a 50-token distribution
 // match the exact truncated distribution, by a chi-square bound, for temperature, top-k
-// (with a tie at the boundary), top-p, min-p and their combination; tokens the truncation
-// drops never appear.
+// (with a tie at the boundary), top-p, min-p and their combinations (min-p narrower than
+// what top-k or top-p keep); tokens the truncation drops never appear.
 func TestSampleDistribution(t *testing.T) {
 	d := gpu(t)
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -147,6 +147,8 @@ func TestSampleDistribution(t *testing.T) {
 		{Temperature: 1, TopP: 0.7},
 		{Temperature: 0.8, MinP: 0.2},
 		{Temperature: 1.2, TopK: 30, TopP: 0.9, MinP: 0.05},
+		{Temperature: 1, TopK: 20, MinP: 0.3}, // min-p narrower than top-k
+		{Temperature: 1, TopP: 0.95, MinP: 0.3},
 		{Temperature: 1, TopK: 2},
 	} {
 		name := fmt.Sprintf("T %.1f top-k %d top-p %.1f min-p %.2f", r.Temperature, r.TopK, r.TopP, r.MinP)
@@ -284,7 +286,7 @@ func TestSampleParamsTensor(t *testing.T) {
 	if !slices.Equal(got.Shape, []int{1, 8}) || !slices.Equal(got.I32, want) {
 		t.Errorf("packed %v %#x, want [1 8] %#x", got.Shape, got.I32, want)
 	}
-	if SampleWorkspace(64, 128256) != 64*4096*8 || SampleWorkspace(2, 50) != 2*50*8 {
+	if SampleWorkspace(64, 128256) != 64*16384*8 || SampleWorkspace(2, 50) != 2*50*8 {
 		t.Errorf("SampleWorkspace(64, 128256) = %d, SampleWorkspace(2, 50) = %d", SampleWorkspace(64, 128256), SampleWorkspace(2, 50))
 	}
 }

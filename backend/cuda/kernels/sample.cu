@@ -327,6 +327,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
   const SampleParams p = params[row];
   const bool greedy = !(p.temperature > 0.0f);
   const float c = greedy ? 1.0f : 1.4426950408889634f / p.temperature;
+  const bool tk = p.top_k > 0 && p.top_k < V, tp = p.top_p > 0.0f && p.top_p < 1.0f, tm = p.min_p > 0.0f;
+  const bool want_sum = !greedy && tp && !tk;  // the sum bounds top-p's candidates
+  const bool want_hist = !greedy && (tk || tp || tm);
 
   // Pass 1: max and argmax (NaN skipped), sum of 2^((x-max)c) online, key histogram.
   for (int i = threadIdx.x; i < SAMPLE_HB; i += blockDim.x) sh.hist13[i] = 0;
@@ -339,13 +342,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     const float xi = v ? x[i] : -LOOM_INF;
     if (v && xi == xi) {
       if (am < 0 || xi > m) {
-        if (!greedy) s = (am < 0 || m == -LOOM_INF) ? 0.0f : s * exp2f((m - xi) * c);
+        if (want_sum) s = (am < 0 || m == -LOOM_INF) ? 0.0f : s * exp2f((m - xi) * c);
         m = xi;
         am = i;
       }
-      if (!greedy) s += xi == m ? 1.0f : exp2f((xi - m) * c);
+      if (want_sum) s += xi == m ? 1.0f : exp2f((xi - m) * c);
     }
-    if (!greedy) {
+    if (want_hist) {
       const int b = (int)(fkey(xi) >> (32 - SAMPLE_HBITS));
       const unsigned peers = __match_any_sync(FULL_MASK, v ? b : -1);
       if (v && (peers & lanemask_lt()) == 0) atomicAdd(&sh.hist13[b], __popc(peers));
@@ -406,7 +409,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
   Row r{m, c};
   if (m == -LOOM_INF) r.m = -LOOM_INF;  // every logit -inf (or NaN): y = 0 for all
   const u64 rowkey = mix64(p.seed + mix64(p.counter + 0x632be59bd9b4e019ULL));
-  const bool tk = p.top_k > 0 && p.top_k < V, tp = p.top_p > 0.0f && p.top_p < 1.0f, tm = p.min_p > 0.0f;
 
   // The lowest histogram bucket that can hold a kept token (0 without truncation): each
   // thread takes 8 buckets, from the top down; a block scan of their counts and of lower
@@ -481,7 +483,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
       const float xt = m + log2f(p.min_p) / c;
       bm = xt == xt ? (int)(fkey(xt) >> (32 - SAMPLE_HBITS)) - 1 : 0;
     }
-    lowest = max(max(tk ? sh.bk : 0, tp ? sh.bp : 0), max(bm, 0));
+    // Top-k's selection needs all of top-k's set (its weight is top-p's reference), and
+    // top-p's needs its whole prefix: min-p only narrows the candidates when alone.
+    lowest = max(tk ? sh.bk : (tp ? sh.bp : bm), 0);
     unsigned n = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) n += SAMPLE_HB - 1 - (threadIdx.x * 8 + j) >= lowest ? cnt[j] : 0u;
