@@ -61,4 +61,6 @@ type Stats struct {
 	// StepSeconds is the time spent in steps; ModelSeconds the part of it running the model
 	// (inputs, executables, logits), SampleSeconds the part choosing tokens.
 	StepSeconds, ModelSeconds, SampleSeconds float64
+	// TimedSteps counts the steps those times cover: all, or those since ResetStats.
+	TimedSteps int64
 }

@@ -242,9 +242,11 @@ func TestCUDAEngineTP2(t *testing.T) {
 	}
 }
 
-// bf16Margin is the closest top-two logit gap that bf16 activations (about 2^-9 relative
-// error per op) still order as f32 does on the fixtures.
-const bf16Margin = 0.125
+// bf16Margin is the closest top-two logit gap that bf16 activations still order as f32
+// does on the fixtures. Their logits are off by up to about 0.1 at tp=1
+// (backend/cuda's TestProgramFixtures), and tp=2 rounds each rank's partial sums to bf16
+// before the all-reduce: greedy runs on the H200 parted from f32 at gaps of 0.36 and 0.42.
+const bf16Margin = 0.5
 
 // widenTies marks as near ties (below lowMargin, see checkGreedy) the margins below m.
 func widenTies(margins []float64, m float64) []float64 {

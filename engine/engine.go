@@ -109,6 +109,8 @@ type Engine struct {
 	space    chan struct{}
 	nextID   uint64
 	counters Stats
+	// stepsAtReset is StepsTotal at the last ResetStats.
+	stepsAtReset int64
 
 	wake     chan struct{} // capacity 1: something changed for the loop
 	done     chan struct{} // closed when the loop has exited
@@ -402,6 +404,15 @@ func (e *Engine) validate(r *Request) error {
 	return nil
 }
 
+// ResetStats zeroes the time counters of Stats (step, model and sampling seconds), so
+// that a benchmark can leave its warm-up out.
+func (e *Engine) ResetStats() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.counters.StepSeconds, e.counters.ModelSeconds, e.counters.SampleSeconds = 0, 0, 0
+	e.stepsAtReset = e.steps.Load()
+}
+
 // Stats returns a snapshot of the engine's state.
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
@@ -411,6 +422,9 @@ func (e *Engine) Stats() Stats {
 	a := e.alloc.Stats()
 	st.KVBlocksUsed, st.KVBlocks, st.BlockSize = a.Used, a.Blocks, e.alloc.BlockSize()
 	st.StepsTotal = e.steps.Load()
+	e.mu.Lock()
+	st.TimedSteps = st.StepsTotal - e.stepsAtReset
+	e.mu.Unlock()
 	return st
 }
 

@@ -26,6 +26,7 @@ func newBenchCmd() *cobra.Command {
 		endpoint                 string
 		inputLen, outputLen      int
 		numRequests, concurrency int
+		warmup                   int
 		rate, temperature        float64
 		seed                     uint64
 		ignoreEOS, asJSON        bool
@@ -142,6 +143,20 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				return err
 			}
 
+			if warmup > 0 {
+				// Unmeasured requests first: kernels compile, CUDA graphs are captured, caches fill.
+				warm := make([]bench.Request, warmup)
+				for i := range warm {
+					warm[i] = workload[i%len(workload)]
+				}
+				slog.Info("warming up", "requests", warmup)
+				if _, err := bench.Run(ctx, target, warm, bench.Config{Concurrency: concurrency, Seed: seed}); err != nil {
+					return fmt.Errorf("warm-up: %w", err)
+				}
+				if inProcess != nil {
+					inProcess.ResetStats()
+				}
+			}
 			slog.Info("benchmark", "target", target.Name(), "requests", len(workload), "concurrency", concurrency, "rate", rate)
 			res, err := bench.Run(ctx, target, workload, bench.Config{Concurrency: concurrency, Rate: rate, Seed: seed})
 			if err != nil && res == nil {
@@ -172,8 +187,8 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				return err
 			} else if inProcess != nil {
 				st := inProcess.Stats()
-				if n := float64(st.StepsTotal); n > 0 {
-					fmt.Fprintf(out, "\nengine: %d steps, %.2f ms each: model %.2f ms, sampling %.2f ms, other %.2f ms\n", st.StepsTotal,
+				if n := float64(st.TimedSteps); n > 0 {
+					fmt.Fprintf(out, "\nengine: %d steps, %.2f ms each: model %.2f ms, sampling %.2f ms, other %.2f ms\n", st.TimedSteps,
 						1e3*st.StepSeconds/n, 1e3*st.ModelSeconds/n, 1e3*st.SampleSeconds/n, 1e3*(st.StepSeconds-st.ModelSeconds-st.SampleSeconds)/n)
 				}
 			}
@@ -200,6 +215,7 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 	f.IntVar(&inputLen, "input-len", 128, "prompt tokens of synthetic requests")
 	f.IntVar(&outputLen, "output-len", 128, "tokens to generate per request (dataset lines may set their own)")
 	f.IntVar(&numRequests, "num-requests", 32, "number of requests")
+	f.IntVar(&warmup, "warmup", 0, "requests sent first, at --concurrency, and left out of the report (kernels compile, CUDA graphs are captured)")
 	f.IntVar(&concurrency, "concurrency", 4, "most requests in flight at once (0 with --rate: no limit)")
 	f.Float64Var(&rate, "rate", 0, "requests started per second, Poisson arrivals (0: as fast as --concurrency allows)")
 	f.Float64Var(&temperature, "temperature", 0, "sampling temperature of the requests")
