@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -342,45 +343,71 @@ func NCCLCommInitAll(devices []int) ([]NCCLComm, error) {
 	return out, nil
 }
 
+// CommCell is the memory into which NCCL writes a new communicator. A blocking
+// initialisation or split fills it before returning; a non-blocking one (ncclInProgress)
+// fills it from NCCL's background thread when it completes, which is when the parent's (or,
+// for an initialisation, the new communicator's) AsyncError stops being NCCLInProgress. The
+// cell is pinned (runtime.Pinner) until Release, so NCCL may write it after the call.
+type CommCell struct {
+	h   uintptr
+	pin runtime.Pinner
+}
+
+func newCommCell() *CommCell {
+	c := &CommCell{}
+	c.pin.Pin(c)
+	return c
+}
+
+// Comm returns the communicator NCCL wrote so far (0 before, or for NCCLSplitNoColor).
+func (c *CommCell) Comm() NCCLComm { return NCCLComm(atomic.LoadUintptr(&c.h)) }
+
+// Release unpins the cell. Call it once NCCL is done with it: the operation completed,
+// failed, or the communicator was aborted (ncclCommAbort waits for initialisation).
+func (c *CommCell) Release() { c.pin.Unpin() }
+
 // NCCLCommInitRankScalable creates this process's rank of a communicator of nranks ranks
 // on the current context's GPU (ncclCommInitRankScalable). ids are the unique ids of the
-// communicator (usually one, from rank 0); cfg nil means NCCL's defaults. With
-// cfg.NonBlocking the call may return the communicator together with an ncclInProgress
-// error: poll its AsyncError until initialisation ends.
-func NCCLCommInitRankScalable(nranks, rank int, ids []UniqueID, cfg *NCCLConfig) (NCCLComm, error) {
+// communicator (usually one, from rank 0); cfg nil means NCCL's defaults. The communicator
+// is in the returned cell at once (even when the call fails, it may be there to abort);
+// with cfg.NonBlocking the call may return ncclInProgress: poll the communicator's
+// AsyncError until initialisation ends, then Release the cell.
+func NCCLCommInitRankScalable(nranks, rank int, ids []UniqueID, cfg *NCCLConfig) (*CommCell, error) {
 	if err := loadNCCL(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	if len(ids) == 0 {
-		return 0, fmt.Errorf("ncclCommInitRankScalable: no unique id")
+		return nil, fmt.Errorf("ncclCommInitRankScalable: no unique id")
 	}
 	cc := cfg.c()
-	var comm uintptr
-	rc := fnNcclCommInitRankScalable(&comm, int32(nranks), int32(rank), int32(len(ids)), &ids[0], cc)
+	cell := newCommCell()
+	rc := fnNcclCommInitRankScalable(&cell.h, int32(nranks), int32(rank), int32(len(ids)), &ids[0], cc)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(cc)
 	if err := ncclErr("ncclCommInitRankScalable", rc, 0); err != nil {
-		return NCCLComm(comm), fmt.Errorf("rank %d of %d: %w", rank, nranks, err)
+		return cell, fmt.Errorf("rank %d of %d: %w", rank, nranks, err)
 	}
-	return NCCLComm(comm), nil
+	return cell, nil
 }
 
 // Split creates a communicator of the ranks of c that pass the same color, ordered by key
 // (ncclCommSplit); every rank of c must call it. color NCCLSplitNoColor joins no new
-// communicator and returns 0. cfg nil inherits c's configuration; for a non-blocking
-// configuration the call may return the new communicator with an ncclInProgress error.
-func (c NCCLComm) Split(color, key int, cfg *NCCLConfig) (NCCLComm, error) {
+// communicator. cfg nil inherits c's configuration. The new communicator lands in the
+// returned cell: before Split returns when c is blocking; when c is non-blocking, Split
+// returns ncclInProgress and the cell is filled once c.AsyncError() is no longer
+// NCCLInProgress. Release the cell then.
+func (c NCCLComm) Split(color, key int, cfg *NCCLConfig) (*CommCell, error) {
 	if err := loadNCCL(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	cc := cfg.c()
-	var comm uintptr
-	rc := fnNcclCommSplit(uintptr(c), int32(color), int32(key), &comm, cc)
+	cell := newCommCell()
+	rc := fnNcclCommSplit(uintptr(c), int32(color), int32(key), &cell.h, cc)
 	runtime.KeepAlive(cc)
 	if err := ncclErr("ncclCommSplit", rc, c); err != nil {
-		return NCCLComm(comm), fmt.Errorf("color %d key %d: %w", color, key, err)
+		return cell, fmt.Errorf("color %d key %d: %w", color, key, err)
 	}
-	return NCCLComm(comm), nil
+	return cell, nil
 }
 
 // Count returns the number of ranks of the communicator (ncclCommCount).

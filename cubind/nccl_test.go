@@ -51,6 +51,18 @@ func TestNCCLConfigLayout(t *testing.T) {
 	}
 }
 
+func TestCommCell(t *testing.T) {
+	c := newCommCell()
+	if c.Comm() != 0 {
+		t.Fatalf("a new cell holds %#x", c.Comm())
+	}
+	c.h = 0xbeef // as NCCL would write it
+	if c.Comm() != 0xbeef {
+		t.Errorf("Comm() = %#x, want 0xbeef", c.Comm())
+	}
+	c.Release()
+}
+
 func TestNCCLResultString(t *testing.T) {
 	for _, tc := range []struct {
 		r    NCCLResult
