@@ -403,10 +403,10 @@ func (w *World) destroy(c *Comm) error {
 	return c.h.Destroy()
 }
 
-// split makes the communicator of each mesh axis from the world communicator. Every rank
-// splits the same axes in the same order; a group as large as the world shares the world
-// communicator.
-func (w *World) split(ctx context.Context) error {
+// split makes the communicator of each mesh axis by splitting parent, with configuration
+// cfg (nil: the parent's). Every rank splits the same axes in the same order; a group as
+// large as the world shares the world communicator.
+func (w *World) split(ctx context.Context, parent cubind.NCCLComm, cfg *cubind.NCCLConfig) error {
 	for _, a := range w.mesh.Axes() {
 		g, err := w.mesh.Group(w.rank, a.Name)
 		if err != nil {
@@ -417,38 +417,52 @@ func (w *World) split(ctx context.Context) error {
 			continue
 		}
 		what := fmt.Sprintf("split the %s groups (ncclCommSplit color %d key %d)", a.Name, g.Ranks[0], w.rank)
-		h, err := w.world.h.Split(g.Ranks[0], w.rank, nil)
-		if h != 0 {
-			c := &Comm{w: w, group: g, h: h}
-			w.axes[a.Name] = c
-			w.mu.Lock()
-			w.comms = append(w.comms, c)
-			w.mu.Unlock()
-		}
-		if err != nil && !cubind.IsNCCLInProgress(err) {
-			return w.abort(fmt.Errorf("%s: %w", what, err))
-		}
-		if h == 0 {
-			return w.abort(fmt.Errorf("%s: NCCL returned no communicator", what))
-		}
-		if err := w.await(ctx, what, true, w.world.h, h); err != nil {
+		c, err := w.splitFrom(ctx, parent, g, g.Ranks[0], cfg, what)
+		if err != nil {
 			return err
 		}
-		n, err := h.Count()
-		if err == nil && n != g.Size() {
-			err = fmt.Errorf("the new communicator has %d ranks, want %d", n, g.Size())
-		}
-		if err == nil {
-			var r int
-			if r, err = h.UserRank(); err == nil && r != g.Index {
-				err = fmt.Errorf("this rank is %d in the new communicator, want %d", r, g.Index)
-			}
-		}
-		if err != nil {
-			return w.abort(fmt.Errorf("%s: %w", what, err))
-		}
+		w.axes[a.Name] = c
 	}
 	return nil
+}
+
+// splitFrom makes the communicator of group g (this rank's color; key = this rank) from
+// parent and registers it with the world. On a non-blocking parent the split goes on in
+// the background: it is awaited (abortably) on the parent.
+func (w *World) splitFrom(ctx context.Context, parent cubind.NCCLComm, g dist.Group, color int, cfg *cubind.NCCLConfig, what string) (*Comm, error) {
+	cell, err := parent.Split(color, w.rank, cfg)
+	if err != nil && !cubind.IsNCCLInProgress(err) {
+		return nil, w.abort(fmt.Errorf("%s: %w", what, err))
+	}
+	if err := w.await(ctx, what, true, parent); err != nil {
+		return nil, err // the cell stays pinned: NCCL may still write it
+	}
+	h := cell.Comm()
+	cell.Release()
+	if h == 0 {
+		return nil, w.abort(fmt.Errorf("%s: NCCL made no communicator", what))
+	}
+	c := &Comm{w: w, group: g, h: h}
+	w.mu.Lock()
+	w.comms = append(w.comms, c)
+	w.mu.Unlock()
+	if err := w.await(ctx, what, true, h); err != nil {
+		return nil, err
+	}
+	n, err := h.Count()
+	if err == nil && n != g.Size() {
+		err = fmt.Errorf("the new communicator has %d ranks, want %d", n, g.Size())
+	}
+	if err == nil {
+		var r int
+		if r, err = h.UserRank(); err == nil && r != g.Index {
+			err = fmt.Errorf("this rank is %d in the new communicator, want %d", r, g.Index)
+		}
+	}
+	if err != nil {
+		return nil, w.abort(fmt.Errorf("%s: %w", what, err))
+	}
+	return c, nil
 }
 
 // attach retains the primary context of GPU ordinal dev for the world.
@@ -537,7 +551,7 @@ func InitAll(devices []int, mesh dist.Mesh) ([]*World, error) {
 				errs[r] = w.abort(err)
 				return
 			}
-			if err := w.split(context.Background()); err != nil {
+			if err := w.split(context.Background(), w.world.h, nil); err != nil {
 				errs[r] = err
 				return
 			}
@@ -555,9 +569,11 @@ func InitAll(devices []int, mesh dist.Mesh) ([]*World, error) {
 
 // Init joins the multi-process world that env describes (EnvFromOS) as rank env.Rank on
 // GPU env.LocalRank, for mesh, whose size must be env.WorldSize: a rendezvous at
-// env.Addr() (see Rendezvous) hands out the NCCL id, then ncclCommInitRankScalable makes a
-// non-blocking world communicator and ncclCommSplit the axis communicators. It waits at
-// most opts.Timeout and no longer than ctx, and gives up as soon as another rank fails.
+// env.Addr() (see Rendezvous) hands out the NCCL id, ncclCommInitRankScalable makes a
+// non-blocking communicator of every rank, and ncclCommSplit makes from it the blocking
+// world and axis communicators that carry the collectives. Every step can be abandoned: it
+// waits at most opts.Timeout and no longer than ctx, and gives up (aborting what it made) as
+// soon as another rank fails.
 //
 // Init locks the calling goroutine to its OS thread (runtime.LockOSThread) and leaves it
 // locked, with the GPU's primary context current, for the World's calls; after Close the
@@ -602,9 +618,17 @@ func initRank(ctx context.Context, env Env, mesh dist.Mesh, opts Options) (*Worl
 		return nil, fmt.Errorf("rank 0 handed out a %d-byte id, want %d", len(payload), len(id))
 	}
 	copy(id[:], payload)
-	h, err := cubind.NCCLCommInitRankScalable(env.WorldSize, env.Rank, []cubind.UniqueID{id}, &cubind.NCCLConfig{NonBlocking: true})
+	// The first communicator is non-blocking, so that initialisation can be abandoned when
+	// a peer fails. Its blocking children carry the collectives: a non-blocking
+	// communicator hands every call to a background thread (about 1 ms each).
+	cell, err := cubind.NCCLCommInitRankScalable(env.WorldSize, env.Rank, []cubind.UniqueID{id}, &cubind.NCCLConfig{NonBlocking: true})
+	var h cubind.NCCLComm
+	if cell != nil {
+		h = cell.Comm()
+	}
+	worldGroup, _ := mesh.Group(env.Rank, dist.WorldAxis)
 	if h != 0 {
-		w.setWorld(h)
+		w.comms = append(w.comms, &Comm{w: w, group: worldGroup, h: h})
 	}
 	if err == nil || cubind.IsNCCLInProgress(err) {
 		if h == 0 {
@@ -614,7 +638,12 @@ func initRank(ctx context.Context, env Env, mesh dist.Mesh, opts Options) (*Worl
 		}
 	}
 	if err == nil {
-		err = w.split(ctx)
+		cell.Release()
+		blocking := &cubind.NCCLConfig{}
+		w.world, err = w.splitFrom(ctx, h, worldGroup, 0, blocking, "make the blocking world communicator (ncclCommSplit)")
+		if err == nil {
+			err = w.split(ctx, h, blocking)
+		}
 	}
 	if err == nil {
 		err = w.ready()
