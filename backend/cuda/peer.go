@@ -37,10 +37,10 @@ const PeerTimeout = 30 * time.Second
 const (
 	peerMaxBlocks  = 256                                // flags per rank: one row per block
 	peerSigOffset  = 256                                // ctl words before it
-	peerSigBytes   = peerMaxBlocks * PeerMaxRanks * 4   // u32 flags [peerMaxBlocks][PeerMaxRanks]
-	peerDataOffset = 16 << 10                           // the two data halves
+	peerSigBytes   = peerMaxBlocks * PeerMaxRanks * 8   // u64 flags [peerMaxBlocks][PeerMaxRanks]
+	peerDataOffset = 32 << 10                           // the two data halves
 	peerArgsBytes  = 2*PeerMaxRanks*8 + 8 + 8 + 8 + 4*2 // struct PeerArgs
-	peerThreads    = 512                                // threads per block of the plain all-reduce
+	peerThreads    = 512                                // threads per block of the plain all-reduce, at most
 )
 
 // peerKernels are the kernels of allreduce.cu, compiled when a rank is set up so that no call
@@ -76,7 +76,7 @@ type PeerRank struct {
 	bases    []cubind.DevicePtr // every rank's allocation as this rank's GPU addresses it
 	opened   []cubind.DevicePtr // IPC mappings of the other ranks' allocations, to close
 	params   []byte             // struct PeerArgs
-	threads  int                // threads per block of the plain all-reduce
+	threads  int                // threads per block of the plain all-reduce; 0: peerBlockSize
 	group    *PeerGroup         // nil for a rank of NewPeerRankIPC
 	exchange Exchange           // for a rank of NewPeerRankIPC: the barrier of Close
 }
@@ -126,7 +126,7 @@ func NewPeerGroup(devs []*Device, maxBytes int) (*PeerGroup, error) {
 	half := peerHalf(maxBytes)
 	bases := make([]cubind.DevicePtr, len(devs))
 	for i, d := range devs {
-		r := &PeerRank{dev: d, rank: i, size: len(devs), maxBytes: maxBytes, half: half, threads: peerThreads, group: g}
+		r := &PeerRank{dev: d, rank: i, size: len(devs), maxBytes: maxBytes, half: half, group: g}
 		g.ranks = append(g.ranks, r)
 		if err := r.setup(); err != nil {
 			g.Close()
@@ -293,7 +293,7 @@ func NewPeerRankIPC(ctx context.Context, d *Device, rank, size, maxBytes int, ex
 	if maxBytes <= 0 {
 		return nil, fmt.Errorf("cuda: peer rank %d: maxBytes %d; want > 0", rank, maxBytes)
 	}
-	r := &PeerRank{dev: d, rank: rank, size: size, maxBytes: maxBytes, half: peerHalf(maxBytes), threads: peerThreads, exchange: exchange}
+	r := &PeerRank{dev: d, rank: rank, size: size, maxBytes: maxBytes, half: peerHalf(maxBytes), exchange: exchange}
 	fail := func(err error) (*PeerRank, error) {
 		r.free()
 		return nil, fmt.Errorf("cuda: peer rank %d of %d (GPU %d): %w", rank, size, d.ordinal, err)
@@ -436,8 +436,8 @@ func (r *PeerRank) Check() error {
 		if err := r.dev.sync(); err != nil {
 			return fmt.Errorf("cuda: peer rank %d: %w", r.rank, err)
 		}
-		if w[2] != 0 {
-			return fmt.Errorf("cuda: peer rank %d: rank %d did not arrive within %v; the group is unusable", r.rank, w[2]-1, PeerTimeout)
+		if w[3] != 0 {
+			return fmt.Errorf("cuda: peer rank %d: rank %d did not arrive within %v; the group is unusable", r.rank, w[3]-1, PeerTimeout)
 		}
 		return nil
 	})
@@ -457,6 +457,19 @@ func (r *PeerRank) checkDev(ts ...*Tensor) error {
 // all be resident together) and at most the flags' rows.
 func (r *PeerRank) blocks(n int64) int {
 	return int(max(1, min(n, int64(r.dev.info.SMs), peerMaxBlocks)))
+}
+
+// peerBlockSize is the block size of the plain all-reduce for packs 16-byte packs: small
+// blocks for small messages, whose time is latency (more blocks issue their peer reads in
+// parallel), up to peerThreads.
+func peerBlockSize(packs int64) int64 {
+	switch {
+	case packs <= 2048: // 32 KiB
+		return 128
+	case packs <= 8192: // 128 KiB
+		return 256
+	}
+	return peerThreads
 }
 
 // AllReduce sets out to the sum over the group's ranks of x, where x and out (f32 or bf16,
@@ -493,8 +506,11 @@ func (r *PeerRank) allReduce(out, x *Tensor) error {
 	pack := int64(16 / x.DType.Size())
 	packs := (n + pack - 1) / pack
 	th := int64(r.threads)
+	if th == 0 {
+		th = peerBlockSize(packs)
+	}
 	grid := cubind.Dim3{X: r.blocks((packs + th - 1) / th), Y: 1, Z: 1}
-	err = r.dev.launch("allreduce.cu", "allreduce_"+xn, grid, cubind.Dim3{X: r.threads, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
+	err = r.dev.launch("allreduce.cu", "allreduce_"+xn, grid, cubind.Dim3{X: int(th), Y: 1, Z: 1}, 0, func(a *cubind.Args) {
 		a.Ptr(out.ptr).Ptr(x.ptr).I64(n).Struct(r.params)
 	})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,7 +106,7 @@ func peerInput(seed uint64, rank int, dt tensor.DType, n int) *tensor.Tensor {
 // hostSum sums xs elementwise in rank order in f32 and rounds once to their dtype, as the
 // all-reduce defines it.
 func hostSum(xs []*tensor.Tensor) *tensor.Tensor {
-	acc := xs[0].Float32s()
+	acc := slices.Clone(xs[0].Float32s()) // Float32s of an f32 tensor is its storage
 	for _, x := range xs[1:] {
 		for i, v := range x.Float32s() {
 			acc[i] += v
@@ -341,7 +342,9 @@ func TestPeerAllReduceAddRMSNorm(t *testing.T) {
 		{bf, bf, f32, 1, 7, false},
 		{f32, f32, bf, 5, 4096, false},
 		{bf, bf, bf, 4, 2048, true},
-		{f32, bf, bf, 2, 3000, true},
+		{f32, f32, bf, 2, 3000, true},
+		{bf, bf, bf, 2, 10000, false}, // D > 8192: more than AR_E elements per thread
+		{f32, f32, f32, 20, 12288, true},
 	}
 	for ci, c := range cases {
 		name := fmt.Sprintf("x%s_r%s_w%s_%dx%d_inplace%v", c.x, c.r, c.w, c.rows, c.D, c.inPlace)
@@ -632,7 +635,7 @@ func TestPeerIPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel) // after the cleanup below, which waits for the child
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestPeerIPC$", "-test.v")
 	cmd.Env = append(os.Environ(), peerChildEnv+"="+bus)
 	cmd.ExtraFiles = []*os.File{toChildR, fromChildW}
@@ -717,69 +720,108 @@ func ipcRank(t *testing.T, d *Device, rank int, ex Exchange) {
 	}
 }
 
+// peerTimer times work queued on several devices at once: run queues the work once as a
+// warm-up, then again between two events on each device; the slower device's time divided
+// by per is the result.
+func peerTimer(devs []*Device, per int, run func(r int) error) (time.Duration, error) {
+	el := make([]time.Duration, len(devs))
+	var barrier sync.WaitGroup
+	barrier.Add(len(devs))
+	err := onRanks(len(devs), func(r int) error {
+		d := devs[r]
+		if err := run(r); err != nil {
+			return err
+		}
+		var start, end cubind.Event
+		if err := d.do(func() error {
+			var err error
+			if start, err = cubind.EventCreate(cubind.EventDefault); err != nil {
+				return err
+			}
+			end, err = cubind.EventCreate(cubind.EventDefault)
+			return err
+		}); err != nil {
+			barrier.Done()
+			return err
+		}
+		defer start.Destroy()
+		defer end.Destroy()
+		err := d.Sync()
+		barrier.Done()
+		barrier.Wait()
+		if err != nil {
+			return err
+		}
+		if err := d.do(func() error { return start.Record(d.stream) }); err != nil {
+			return err
+		}
+		if err := run(r); err != nil {
+			return err
+		}
+		if err := d.do(func() error { return end.Record(d.stream) }); err != nil {
+			return err
+		}
+		if err := end.Synchronize(); err != nil {
+			return err
+		}
+		el[r], err = cubind.Elapsed(start, end)
+		return err
+	})
+	return slices.Max(el) / time.Duration(per), err
+}
+
+// peerGraphs captures f(r) on every rank's device and returns the run function of peerTimer
+// that launches each rank's graph `launches` times.
+func peerGraphs(t *testing.T, g *PeerGroup, launches int, f func(r int) error) func(r int) error {
+	t.Helper()
+	exes := make([]cubind.GraphExec, g.Size())
+	for r := range exes {
+		exe, err := capturePeer(g.Rank(r), func() error { return f(r) })
+		if err != nil {
+			t.Fatalf("rank %d: capture: %v", r, err)
+		}
+		exes[r] = exe
+		t.Cleanup(func() { exe.Destroy() })
+	}
+	return func(r int) error {
+		d := g.Rank(r).dev
+		return d.do(func() error {
+			for range launches {
+				if err := exes[r].Launch(d.stream); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+}
+
 // TestPeerLatency prints the per-call time of the one-shot all-reduce on 2 GPUs when
-// LOOM_CUDA_TIMINGS=1: back-to-back eager calls, and calls replayed from a CUDA graph of 100
-// (no launch cost), with GPU events on each rank (the slower rank counts).
+// LOOM_CUDA_TIMINGS=1: back-to-back eager calls, and calls replayed from CUDA graphs of 100
+// (no launch cost from the host), timed with GPU events on each rank (the slower rank
+// counts). For reference it also times a group of one GPU (no NVLink: the floor of launch,
+// copy and barrier) and all-reduce then AddRMSNorm unfused.
 func TestPeerLatency(t *testing.T) {
 	devs := peerDevs(t)
 	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
 		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the peer all-reduce")
 	}
 	g := peerGroup(t, devs, 16<<20)
-	// timeRanks runs calls() on both ranks (after a warm-up) between two events and returns
-	// the slower rank's time divided by per.
-	timeRanks := func(calls func(r int) error, per int) (time.Duration, error) {
-		var start, end [2]cubind.Event
-		var el [2]time.Duration
-		var barrier sync.WaitGroup
-		barrier.Add(2)
-		err := onRanks(2, func(r int) error {
-			d := devs[r]
-			if err := calls(r); err != nil {
-				return err
-			}
-			if err := d.do(func() error {
-				var err error
-				if start[r], err = cubind.EventCreate(cubind.EventDefault); err != nil {
-					return err
-				}
-				end[r], err = cubind.EventCreate(cubind.EventDefault)
-				return err
-			}); err != nil {
-				return err
-			}
-			defer start[r].Destroy()
-			defer end[r].Destroy()
-			if err := d.Sync(); err != nil {
-				return err
-			}
-			barrier.Done()
-			barrier.Wait()
-			if err := d.do(func() error { return start[r].Record(d.stream) }); err != nil {
-				return err
-			}
-			if err := calls(r); err != nil {
-				return err
-			}
-			if err := d.do(func() error { return end[r].Record(d.stream) }); err != nil {
-				return err
-			}
-			if err := end[r].Synchronize(); err != nil {
-				return err
-			}
-			var err error
-			el[r], err = cubind.Elapsed(start[r], end[r])
-			return err
-		})
-		return max(el[0], el[1]) / time.Duration(per), err
-	}
+	one := peerGroup(t, devs[:1], 16<<20)
+	const perGraph, launches = 100, 5
 	us := func(d time.Duration) string { return fmt.Sprintf("%8.2f", float64(d.Nanoseconds())/1e3) }
+	fail := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
 	var report strings.Builder
-	fmt.Fprintf(&report, "\none-shot all-reduce, 2 GPUs (%s), bf16, µs per call\n", devs[0].Info().Name)
-	fmt.Fprintf(&report, "%10s %8s %8s %8s %8s %8s %8s %10s\n", "bytes", "eager", "graph", "g t=128", "g t=256", "g t=1024", "blocks", "GB/s(alg)")
+	fmt.Fprintf(&report, "\none-shot all-reduce, 2 GPUs (%s), bf16, µs per call (graph: CUDA graph of %d calls; t=N: N threads per block)\n", devs[0].Info().Name, perGraph)
+	fmt.Fprintf(&report, "%10s %8s %8s %8s %8s %8s %8s %8s %10s %10s\n", "bytes", "eager", "graph", "t=128", "t=256", "t=512", "t=1024", "1 GPU", "threads", "GB/s(alg)")
 	for _, bytes := range []int{8 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20, 16 << 20} {
 		n := bytes / 2
-		var x, out [2]*Tensor
+		x, out := make([]*Tensor, 2), make([]*Tensor, 2)
 		for r, d := range devs {
 			x[r] = up(t, d, peerInput(uint64(bytes), r, tensor.BF16, n))[0]
 			out[r] = like(t, d, tensor.New(tensor.BF16, n))[0]
@@ -788,130 +830,115 @@ func TestPeerLatency(t *testing.T) {
 		if bytes >= 2<<20 {
 			calls = 50
 		}
-		eager, err := timeRanks(func(r int) error {
+		eager, err := peerTimer(devs, calls, func(r int) error {
 			for range calls {
 				if err := g.Rank(r).AllReduce(out[r], x[r]); err != nil {
 					return err
 				}
 			}
 			return nil
-		}, calls)
-		if err != nil {
-			t.Fatal(err)
-		}
-		graphTime := func(threads int) (time.Duration, error) {
-			const perGraph, launches = 100, 5
-			var exes [2]cubind.GraphExec
-			for r := range devs {
-				p := g.Rank(r)
-				p.threads = threads
-				exe, err := capturePeer(p, func() error {
-					for range perGraph {
-						if err := p.allReduce(out[r], x[r]); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-				p.threads = peerThreads
-				if err != nil {
-					return 0, err
-				}
-				exes[r] = exe
-				defer exe.Destroy()
-			}
-			return timeRanks(func(r int) error {
-				d := devs[r]
-				return d.do(func() error {
-					for range launches {
-						if err := exes[r].Launch(d.stream); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-			}, perGraph*launches)
-		}
+		})
+		fail("eager", err)
 		row := []string{us(eager)}
-		var graph512 time.Duration
-		for _, th := range []int{peerThreads, 128, 256, 1024} {
-			if th != peerThreads && bytes > 128<<10 {
+		var auto time.Duration
+		for _, th := range []int{0, 128, 256, 512, 1024} {
+			if th != 0 && bytes > 128<<10 {
 				row = append(row, fmt.Sprintf("%8s", "-"))
 				continue
 			}
-			el, err := graphTime(th)
-			if err != nil {
-				t.Fatalf("graph of %d bytes, %d threads: %v", bytes, th, err)
-			}
-			if th == peerThreads {
-				graph512 = el
+			run := peerGraphs(t, g, launches, func(r int) error {
+				p := g.Rank(r)
+				p.threads = th
+				defer func() { p.threads = 0 }()
+				for range perGraph {
+					if err := p.allReduce(out[r], x[r]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			el, err := peerTimer(devs, perGraph*launches, run)
+			fail(fmt.Sprintf("graph of %d bytes, %d threads", bytes, th), err)
+			if th == 0 {
+				auto = el
 			}
 			row = append(row, us(el))
 		}
-		blocks := g.Rank(0).blocks((int64(n/8) + peerThreads - 1) / peerThreads)
-		fmt.Fprintf(&report, "%10d %s %8d %10.1f\n", bytes, strings.Join(row, " "), blocks, float64(bytes)/graph512.Seconds()/1e9)
-		for r := range devs {
-			if err := g.Rank(r).Check(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	fmt.Fprintf(&report, "\nall_reduce_add_rmsnorm bf16, D=4096, µs per call\n%10s %8s %8s\n", "rows", "eager", "graph")
-	for _, rows := range []int{1, 8, 64} {
-		const D = 4096
-		n := rows * D
-		var x, res, normed, sum [2]*Tensor
-		var w [2]*Tensor
-		v := func(x *Tensor) *Tensor { y, _ := x.View(rows, D); return y }
-		for r, d := range devs {
-			u := up(t, d, peerInput(uint64(rows), r, tensor.BF16, n), peerInput(uint64(rows+1), r, tensor.BF16, n), peerInput(7, 0, tensor.BF16, D))
-			a := like(t, d, tensor.New(tensor.BF16, n), tensor.New(tensor.BF16, n))
-			x[r], res[r], w[r], normed[r], sum[r] = v(u[0]), v(u[1]), u[2], v(a[0]), v(a[1])
-		}
-		const calls = 200
-		eager, err := timeRanks(func(r int) error {
-			for range calls {
-				if err := g.Rank(r).AllReduceAddRMSNorm(normed[r], sum[r], x[r], res[r], w[r], 1e-5); err != nil {
+		solo, err := peerTimer(devs[:1], perGraph*launches, peerGraphs(t, one, launches, func(int) error {
+			for range perGraph {
+				if err := one.Rank(0).allReduce(out[0], x[0]); err != nil {
 					return err
 				}
 			}
 			return nil
-		}, calls)
-		if err != nil {
-			t.Fatal(err)
+		}))
+		fail("one GPU", err)
+		row = append(row, us(solo))
+		fmt.Fprintf(&report, "%10d %s %10d %10.1f\n", bytes, strings.Join(row, " "), peerBlockSize(int64(n/8)), float64(bytes)/auto.Seconds()/1e9)
+	}
+	for r := range devs {
+		fail("check", g.Rank(r).Check())
+	}
+	fmt.Fprintf(&report, "\nall_reduce_add_rmsnorm bf16 [rows, 4096], µs per call\n%10s %8s %8s %10s %8s\n", "rows", "eager", "graph", "unfused", "1 GPU")
+	for _, rows := range []int{1, 8, 64} {
+		const D = 4096
+		n := rows * D
+		type rankTensors struct{ x, res, w, normed, sum, ar *Tensor }
+		rt := make([]rankTensors, 2)
+		v := func(x *Tensor) *Tensor { y, _ := x.View(rows, D); return y }
+		for r, d := range devs {
+			u := up(t, d, peerInput(uint64(rows), r, tensor.BF16, n), peerInput(uint64(rows+1), r, tensor.BF16, n), peerInput(7, 0, tensor.BF16, D))
+			a := like(t, d, tensor.New(tensor.BF16, n), tensor.New(tensor.BF16, n), tensor.New(tensor.BF16, n))
+			rt[r] = rankTensors{x: v(u[0]), res: v(u[1]), w: u[2], normed: v(a[0]), sum: v(a[1]), ar: v(a[2])}
 		}
-		var exes [2]cubind.GraphExec
-		for r := range devs {
-			p := g.Rank(r)
-			exe, err := capturePeer(p, func() error {
-				for range 100 {
-					if err := p.allReduceAddRMSNorm(normed[r], sum[r], x[r], res[r], w[r], 1e-5); err != nil {
-						return err
-					}
+		const calls = 200
+		fused := func(p *PeerRank, x rankTensors) error {
+			return p.allReduceAddRMSNorm(x.normed, x.sum, x.x, x.res, x.w, 1e-5)
+		}
+		eager, err := peerTimer(devs, calls, func(r int) error {
+			for range calls {
+				if err := g.Rank(r).AllReduceAddRMSNorm(rt[r].normed, rt[r].sum, rt[r].x, rt[r].res, rt[r].w, 1e-5); err != nil {
+					return err
 				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
 			}
-			exes[r] = exe
-			defer exe.Destroy()
-		}
-		gt, err := timeRanks(func(r int) error {
-			d := devs[r]
-			return d.do(func() error {
-				for range 5 {
-					if err := exes[r].Launch(d.stream); err != nil {
-						return err
-					}
+			return nil
+		})
+		fail("fused eager", err)
+		graph, err := peerTimer(devs, perGraph*launches, peerGraphs(t, g, launches, func(r int) error {
+			for range perGraph {
+				if err := fused(g.Rank(r), rt[r]); err != nil {
+					return err
 				}
-				return nil
-			})
-		}, 500)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&report, "%10d %s %s\n", rows, us(eager), us(gt))
+			}
+			return nil
+		}))
+		fail("fused graph", err)
+		unfused, err := peerTimer(devs, perGraph*launches, peerGraphs(t, g, launches, func(r int) error {
+			p, x := g.Rank(r), rt[r]
+			for range perGraph {
+				if err := p.allReduce(x.ar, x.x); err != nil {
+					return err
+				}
+				if err := p.dev.addRMSNorm(x.normed, x.sum, x.ar, x.res, x.w, 1e-5); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		fail("unfused graph", err)
+		solo, err := peerTimer(devs[:1], perGraph*launches, peerGraphs(t, one, launches, func(int) error {
+			for range perGraph {
+				if err := fused(one.Rank(0), rt[0]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		fail("fused one GPU", err)
+		fmt.Fprintf(&report, "%10d %s %s %10s %s\n", rows, us(eager), us(graph), us(unfused), us(solo))
+	}
+	for r := range devs {
+		fail("check", g.Rank(r).Check())
 	}
 	fmt.Print(report.String())
 }

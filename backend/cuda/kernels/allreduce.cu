@@ -6,12 +6,13 @@
 // IPC across processes):
 //   - data: two halves of `half` bytes each. Call k uses half k&1. A rank copies its input
 //     into its own half, then every rank reads every rank's half.
-//   - sig: flags u32[AR_MAX_BLOCKS][AR_MAX_RANKS]. Block b of rank q arriving at call k
-//     writes k into sig[b][q] of every rank.
-//   - ctl: u32 words only this rank touches: [0] the number of the last finished call,
-//     [1] a ticket counting the blocks of the running call that finished, [2] an error: 0, or
-//     1 + a rank that did not arrive within the timeout (the group is then unusable and every
-//     later call returns at once).
+//   - sig: flags u64[AR_MAX_BLOCKS][AR_MAX_RANKS]. Block b of rank q arriving at call k
+//     writes k into sig[b][q] of every rank. 64 bits: call numbers never wrap, so a flag
+//     that a block index has not touched for a long time never looks recent.
+//   - ctl: words only this rank touches: u64 [0] the number of the last call begun; u32
+//     [2] a ticket counting the blocks of the running call that started; u32 [3] an error:
+//     0, or 1 + a rank that did not arrive within the timeout (the group is then unusable and
+//     every later call returns at once).
 //
 // One call on every rank (all ranks make the same calls, in the same order, with the same
 // sizes, so they launch the same grids):
@@ -25,7 +26,8 @@
 //   4. Read the range from every rank's half k&1 and reduce in rank order 0, 1, ..., n-1 in
 //      f32 (bf16 rounds once at the end), so every rank computes bit-identical results, the
 //      same as dist/local's reduction.
-//   5. The last block to finish (ticket) sets ctl[0] = k for the next call.
+//   5. The last block to take its ticket (in step 1) sets ctl[0] = k for the next call.
+// Every block passes ar_begin and ar_barrier exactly once per call.
 //
 // Why the data is complete when read (step 4): a block's copy (step 2) is done by all its
 // threads; __syncthreads (bar.sync, which synchronizes the threads of the block) orders those
@@ -40,8 +42,8 @@
 // finished before call k starts (same stream), so its blocks all passed the barrier of call
 // k-1, which means every peer had started its kernel of call k-1, so every peer's kernel of
 // call k-2 (same stream on that peer) had finished: its reads are done. The flags compare
-// with >= (in wrapping arithmetic): a peer may already be one call ahead, never two, since
-// call k+1's barrier needs this rank's flag k+1.
+// with >=: a peer may already be one call ahead, never two, since call k+1's barrier needs
+// this rank's flag k+1.
 //
 // The kernels need sm_70 or later (release/acquire at system scope). Blocks of one grid must
 // all be resident at once (the grid is at most the SM count, one block per SM fits).
@@ -58,21 +60,23 @@ struct PeerArgs {
   int rank, nranks;
 };
 
-__device__ __forceinline__ void st_release_sys(unsigned* p, unsigned v) {
+typedef unsigned long long u64;
+
+__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
 #if __CUDA_ARCH__ >= 700
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #else
   __threadfence_system();
-  *(volatile unsigned*)p = v;
+  *(volatile u64*)p = v;
 #endif
 }
 
-__device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
-  unsigned v;
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
+  u64 v;
 #if __CUDA_ARCH__ >= 700
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
 #else
-  v = *(const volatile unsigned*)p;
+  v = *(const volatile u64*)p;
   __threadfence_system();
 #endif
   return v;
@@ -96,59 +100,59 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // ar_begin sets *k to the call's number for every thread of the block; it returns false
-// when the group is broken (a timeout). Numbers wrap around; comparisons of them wrap too.
-__device__ __forceinline__ bool ar_begin(const PeerArgs& p, unsigned* k) {
-  __shared__ unsigned s_k, s_ok;
+// when the group is broken (a timeout). It also counts the block in the call's ticket; the
+// last block to do so stores k as the counter, for the next call. Every block has read the
+// counter by then, so none sees the new value. The ticket is taken at the start, by the
+// block's last thread, so that its latency overlaps the copy (at the end, its fence would
+// wait for the block's output stores).
+__device__ __forceinline__ bool ar_begin(const PeerArgs& p, u64* k) {
+  __shared__ u64 s_k;
+  __shared__ unsigned s_ok;
   if (threadIdx.x == 0) {
-    volatile unsigned* ctl = (volatile unsigned*)p.ctl;
-    s_ok = ctl[2] == 0;
-    s_k = ctl[0] + 1u;
+    s_ok = ((volatile unsigned*)p.ctl)[3] == 0;
+    s_k = *(volatile u64*)p.ctl + 1;
   }
   __syncthreads();
   *k = s_k;
   bool ok = s_ok != 0;
-  __syncthreads();  // every thread has read s_k and s_ok before any block reuses them
+  if (ok && threadIdx.x == blockDim.x - 1) {
+    unsigned* ctl = (unsigned*)p.ctl;
+    __threadfence();  // thread 0's read of the counter (ordered by the barrier) before the ticket
+    unsigned t = atomicAdd(ctl + 2, 1u);
+    if (t == gridDim.x - 1) {
+      __threadfence();  // every block's ticket, so every block's read, before the store
+      ((volatile unsigned*)ctl)[2] = 0;
+      *(volatile u64*)ctl = *k;
+    }
+  }
+  __syncthreads();  // every thread has read s_k and s_ok before any thread returns
   return ok;
 }
 
 // ar_barrier waits until block blockIdx.x of every rank has arrived at call k (see the
 // ordering argument at the top).
-__device__ __forceinline__ void ar_barrier(const PeerArgs& p, unsigned k) {
+__device__ __forceinline__ void ar_barrier(const PeerArgs& p, u64 k) {
   __syncthreads();
   int q = threadIdx.x;
   if (q < p.nranks) {
-    unsigned* to = (unsigned*)p.sig[q] + blockIdx.x * AR_MAX_RANKS + p.rank;
+    u64* to = (u64*)p.sig[q] + blockIdx.x * AR_MAX_RANKS + p.rank;
     st_release_sys(to, k);
-    const unsigned* from = (const unsigned*)p.sig[p.rank] + blockIdx.x * AR_MAX_RANKS + q;
-    unsigned long long t0 = 0;
+    const u64* from = (const u64*)p.sig[p.rank] + blockIdx.x * AR_MAX_RANKS + q;
+    u64 t0 = 0;
     unsigned spins = 0;
-    while ((int)(ld_acquire_sys(from) - k) < 0) {
+    while (ld_acquire_sys(from) < k) {
       if ((++spins & 1023u) == 0) {
-        unsigned long long now = global_ns();
+        u64 now = global_ns();
         if (t0 == 0) {
           t0 = now;
         } else if (now - t0 > p.timeout_ns) {
-          atomicCAS((unsigned*)p.ctl + 2, 0u, 1u + (unsigned)q);
+          atomicCAS((unsigned*)p.ctl + 3, 0u, 1u + (unsigned)q);
           break;
         }
       }
     }
   }
   __syncthreads();
-}
-
-// ar_end lets the last block of the call record k as finished.
-__device__ __forceinline__ void ar_end(const PeerArgs& p, unsigned k) {
-  if (threadIdx.x == 0) {
-    unsigned* ctl = (unsigned*)p.ctl;
-    __threadfence();  // this block's read of ctl[0] (ar_begin) comes before the ticket
-    unsigned t = atomicAdd(ctl + 1, 1u);
-    if (t == gridDim.x - 1) {
-      __threadfence();
-      ((volatile unsigned*)ctl)[1] = 0;
-      ((volatile unsigned*)ctl)[0] = k;
-    }
-  }
 }
 
 // Pack<X> handles 16 bytes of elements of X: N of them.
@@ -238,9 +242,9 @@ template <class X>
 __device__ __forceinline__ void allreduce_impl(typename X::T* out, const typename X::T* x, long long n, const PeerArgs& p) {
   typedef typename X::T T;
   const int N = Pack<X>::N;
-  unsigned k;
+  u64 k;
   if (!ar_begin(p, &k)) return;
-  long long off = (long long)(k & 1u) * p.half;
+  long long off = (long long)(k & 1) * p.half;
   T* mine = (T*)(p.data[p.rank] + off);
   bool xa = ((unsigned long long)x & 15) == 0, oa = ((unsigned long long)out & 15) == 0;
   long long packs = (n + N - 1) / N, stride = (long long)gridDim.x * blockDim.x;
@@ -264,7 +268,6 @@ __device__ __forceinline__ void allreduce_impl(typename X::T* out, const typenam
       for (int j = 0; j < N && e + j < n; j++) X::store(out, e + j, acc[j]);
     }
   }
-  ar_end(p, k);
 }
 
 #define ALLREDUCE(NAME, X)                                                                              \
@@ -274,13 +277,22 @@ __device__ __forceinline__ void allreduce_impl(typename X::T* out, const typenam
 ALLREDUCE(allreduce_f32, F32)
 ALLREDUCE(allreduce_bf16, BF16)
 
+// AR_E is the most elements of a row one thread keeps in registers in
+// ar_add_rmsnorm_impl: rowBlock (ops.go) gives every thread at most 8 elements for D up to
+// 8192.
+#define AR_E 8
+
 // all_reduce_add_rmsnorm over rows[rows, D]: a = round_x(sum over ranks of x); sum =
 // round_s(a + r); normed = w * round_s(sum * inv), exactly as allreduce followed by
 // add_rmsnorm_impl (norm.cu) computes it: the sum of squares runs over the same threads in the
-// same order (one block of the same size per row), so results are bit-identical. Rows go to
-// blocks round robin; a block copies all its rows, passes one barrier, then reduces and
-// normalises them one by one. With D a multiple of the pack size the buffer rows are read in
-// packs; else element by element.
+// same order (one block of the same size per row, thread t taking elements t, t + blockDim,
+// ...), so results are bit-identical. Rows go to blocks round robin; a block copies all its
+// rows, passes one barrier, then reduces and normalises them one by one.
+//
+// When every thread has at most AR_E elements of a row (D <= 8192), it keeps them in
+// registers: w and the first row's residual are loaded before the barrier, and nothing is
+// read back from global memory. Otherwise sum is stored, then read back as add_rmsnorm_impl
+// does.
 template <class X, class R, class W>
 __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename Promote<X, R>::type>::type::T* normed,
                                                     typename Promote<X, R>::type::T* sum, const typename X::T* x,
@@ -290,9 +302,9 @@ __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename
   typedef typename Promote<W, S>::type Nt;
   typedef typename X::T T;
   const int N = Pack<X>::N;
-  unsigned k;
+  u64 k;
   if (!ar_begin(p, &k)) return;
-  long long off = (long long)(k & 1u) * p.half;
+  long long off = (long long)(k & 1) * p.half;
   T* mine = (T*)(p.data[p.rank] + off);
   bool packed = D % N == 0;
   bool xa = packed && ((unsigned long long)x & 15) == 0;
@@ -305,11 +317,71 @@ __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename
       for (int d = threadIdx.x; d < D; d += blockDim.x) mine[base + d] = x[base + d];
     }
   }
+  int tid = threadIdx.x, bs = blockDim.x;
+  if ((D + bs - 1) / bs <= AR_E) {
+    float wv[AR_E], rv[AR_E];
+    int row = blockIdx.x;
+#pragma unroll
+    for (int j = 0; j < AR_E; j++) {
+      int d = tid + j * bs;
+      if (d < D) {
+        wv[j] = W::load(w, d);
+        if (row < rows) rv[j] = R::load(r, (long long)row * D + d);
+      }
+    }
+    ar_barrier(p, k);
+    for (; row < rows; row += gridDim.x) {
+      long long base = (long long)row * D;
+      float sv[AR_E];
+#pragma unroll
+      for (int q = 0; q < AR_MAX_RANKS; q++) {
+        if (q < p.nranks) {
+          const T* buf = (const T*)(p.data[q] + off) + base;
+#pragma unroll
+          for (int j = 0; j < AR_E; j++) {
+            int d = tid + j * bs;
+            if (d < D) {
+              float v = Pack<X>::load_cg(buf + d);
+              sv[j] = q == 0 ? v : sv[j] + v;
+            }
+          }
+        }
+      }
+      double ss = 0.0;
+#pragma unroll
+      for (int j = 0; j < AR_E; j++) {
+        int d = tid + j * bs;
+        if (d < D) {
+          float s = S::round(X::round(sv[j]) + rv[j]);
+          S::store(sum, base + d, s);
+          sv[j] = s;
+          ss += (double)(s * s);
+        }
+      }
+      int next = row + gridDim.x;
+      if (next < rows) {
+#pragma unroll
+        for (int j = 0; j < AR_E; j++) {
+          int d = tid + j * bs;
+          if (d < D) rv[j] = R::load(r, (long long)next * D + d);
+        }
+      }
+      ss = block_sum_d(ss);
+      float mean = (float)(ss / (double)D);
+      float inv = (float)(1.0 / sqrt((double)(mean + eps)));
+#pragma unroll
+      for (int j = 0; j < AR_E; j++) {
+        int d = tid + j * bs;
+        if (d < D) Nt::store(normed, base + d, wv[j] * S::round(sv[j] * inv));
+      }
+    }
+      return;
+  }
   ar_barrier(p, k);
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
     long long base = (long long)row * D;
     if (packed) {
-      for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+      for (int i = tid; i < packs; i += bs) {
         float acc[N];
         reduce_pack<X>(p, off, base / N + i, acc);
 #pragma unroll
@@ -319,26 +391,25 @@ __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename
         }
       }
     } else {
-      for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      for (int d = tid; d < D; d += bs) {
         float a = reduce_elem<X>(p, off, base + d);
         S::store(sum, base + d, S::round(X::round(a) + R::load(r, base + d)));
       }
     }
     __syncthreads();  // sum of the row is complete for every thread of the block
     double ss = 0.0;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int d = tid; d < D; d += bs) {
       float s = S::load(sum, base + d);
       ss += (double)(s * s);
     }
     ss = block_sum_d(ss);
     float mean = (float)(ss / (double)D);
     float inv = (float)(1.0 / sqrt((double)(mean + eps)));
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int d = tid; d < D; d += bs) {
       float s = S::load(sum, base + d);
       Nt::store(normed, base + d, W::load(w, d) * S::round(s * inv));
     }
   }
-  ar_end(p, k);
 }
 
 #define AR_ADD_RMSNORM(NAME, X, R, W)                                                                                 \
