@@ -532,6 +532,9 @@ func (d *Device) linear(out, x, w *Tensor) error {
 	if max(M, N, K) > 1<<31-1 {
 		return fmt.Errorf("cuda: linear: %dx%dx%d exceeds cuBLAS's 32-bit sizes", M, N, K)
 	}
+	if ok, err := d.gemv(out, x, w); ok || err != nil {
+		return err
+	}
 	xt := x
 	var at, ct cubind.DataType
 	switch {
