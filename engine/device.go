@@ -86,6 +86,9 @@ type CUDAModel struct {
 	devs   []*cuda.Device
 	worlds []*nccl.World
 	peers  *cuda.PeerGroup
+	// proc is set by LoadCUDARank: this process runs rank proc.Rank of the mesh only
+	// (Program, on devs[0], with worlds[0]); Graphs holds every rank's graph.
+	proc *nccl.Env
 }
 
 // Executable returns what runs the model: its CUDA program, or on several ranks a
@@ -142,6 +145,24 @@ func (m *CUDAModel) Close() error {
 // activations every linear multiplies in f32 (bf16 weights widened once, at load time), so
 // that logits and greedy tokens match the CPU backend's.
 func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, error) {
+	return loadCUDA(ctx, dir, opts, nil, nccl.Options{})
+}
+
+// LoadCUDARank is LoadCUDA for one process per rank (see ConnectRanks): this process
+// compiles rank env.Rank of opts.Mesh only (whose size must be env.WorldSize), on GPU
+// env.LocalRank, and joins the NCCL world of the processes through nccl.Init (a
+// rendezvous at env.Addr(), bounded by nopts.Timeout and ctx). Every rank's graph is
+// optimized (CUDAModel.Graphs), so that rank 0 knows the others' caches.
+func LoadCUDARank(ctx context.Context, dir string, opts LoadOptions, env nccl.Env, nopts nccl.Options) (*CUDAModel, error) {
+	if opts.Mesh.Size() != env.WorldSize || env.WorldSize < 2 {
+		return nil, fmt.Errorf("%s: rank %d: the mesh %q has %d ranks, %s=%d; one process per rank needs them equal and at least 2",
+			dir, env.Rank, opts.Mesh, opts.Mesh.Size(), nccl.EnvWorldSize, env.WorldSize)
+	}
+	return loadCUDA(ctx, dir, opts, &env, nopts)
+}
+
+// loadCUDA is LoadCUDA, or with proc LoadCUDARank.
+func loadCUDA(ctx context.Context, dir string, opts LoadOptions, proc *nccl.Env, nopts nccl.Options) (*CUDAModel, error) {
 	start := time.Now()
 	if err := cubind.Available(); err != nil {
 		return nil, fmt.Errorf("%s: device cuda: no GPU can be used: %w", dir, err)
@@ -158,7 +179,9 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 		}
 		if count, err := cubind.DeviceCount(); err != nil {
 			return nil, err
-		} else if count < n {
+		} else if proc != nil && count <= proc.LocalRank {
+			return nil, fmt.Errorf("%s: rank %d runs on GPU %s=%d, this machine has %d GPUs", dir, proc.Rank, nccl.EnvLocalRank, proc.LocalRank, count)
+		} else if proc == nil && count < n {
 			return nil, fmt.Errorf("%s: the mesh %s needs %d GPUs, this machine has %d", dir, opts.Mesh, n, count)
 		}
 	}
@@ -166,7 +189,7 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	if err != nil {
 		return nil, err
 	}
-	cm := &CUDAModel{Model: m}
+	cm := &CUDAModel{Model: m, proc: proc}
 	fail := func(err error) (*CUDAModel, error) {
 		cm.Close()
 		return nil, err
@@ -187,7 +210,28 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 			return fail(err)
 		}
 	}
+	// ranks are the ranks this process compiles: all of them, or with proc its own.
+	ranks := make([]int, n)
+	for r := range ranks {
+		ranks[r] = r
+	}
+	if proc != nil {
+		ranks = []int{proc.Rank}
+		d, err := cuda.Open(proc.LocalRank)
+		if err != nil {
+			return fail(fmt.Errorf("%s: rank %d: %w", dir, proc.Rank, err))
+		}
+		cm.devs = append(cm.devs, d)
+		w, err := nccl.Init(ctx, *proc, opts.Mesh, nopts)
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", dir, err))
+		}
+		cm.worlds = []*nccl.World{w}
+	}
 	for r := range n {
+		if proc != nil {
+			break
+		}
 		d, err := cuda.Open(r)
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", dir, err))
@@ -195,7 +239,9 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 		cm.devs = append(cm.devs, d)
 	}
 	copts := make([]cuda.Options, n)
-	if n > 1 {
+	if proc != nil {
+		copts[proc.Rank] = cuda.Options{Comm: ncclRank{cm.worlds[0]}, Mesh: opts.Mesh, Rank: proc.Rank}
+	} else if n > 1 {
 		devices := make([]int, n)
 		for r := range devices {
 			devices[r] = r
@@ -221,7 +267,7 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 	if act == tensor.Invalid {
 		act = tensor.F32
 	}
-	for r := range n {
+	for i, r := range ranks {
 		rg := graphs[min(r, len(graphs)-1)]
 		o := &copts[r]
 		o.ExactF32Linear = act == tensor.F32
@@ -232,23 +278,24 @@ func LoadCUDA(ctx context.Context, dir string, opts LoadOptions) (*CUDAModel, er
 				o.Resident = append(o.Resident, in.Name)
 			}
 		}
-		prog, err := cuda.Compile(ctx, cm.devs[r], rg, m.Checkpoint, o)
+		prog, err := cuda.Compile(ctx, cm.devs[i], rg, m.Checkpoint, o)
 		if err != nil {
 			return fail(fmt.Errorf("compile %s for CUDA (rank %d): %w", dir, r, err))
 		}
 		cm.Programs = append(cm.Programs, prog)
-		if n > 1 {
-			cm.Graphs = append(cm.Graphs, rg)
+	}
+	cm.Program, cm.Graph = cm.Programs[0], graphs[min(ranks[0], len(graphs)-1)]
+	if n > 1 {
+		cm.Mesh = opts.Mesh
+		for r := range n {
+			cm.Graphs = append(cm.Graphs, graphs[min(r, len(graphs)-1)])
 		}
 	}
-	cm.Program, cm.Graph = cm.Programs[0], graphs[0]
-	if n == 1 {
+	if n == 1 || proc != nil {
 		cm.Programs = nil
-	} else {
-		cm.Mesh = opts.Mesh
 	}
 	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "device", cm.devs[0].Info().String(),
-		"ranks", n, "nodes", len(cm.Graph.Nodes), "weight_bytes_rank0", cm.Program.WeightBytes(), "time", time.Since(start).Round(time.Millisecond))
+		"ranks", n, "this_process", rankList(ranks), "nodes", len(cm.Graph.Nodes), "weight_bytes_rank0", cm.Program.WeightBytes(), "time", time.Since(start).Round(time.Millisecond))
 	return cm, nil
 }
 
@@ -299,6 +346,9 @@ const (
 func NewCUDA(ctx context.Context, m *CUDAModel, opts Options) (*Engine, error) {
 	if m == nil || m.Model == nil || m.Program == nil {
 		return nil, errors.New("engine: no CUDA model")
+	}
+	if m.proc != nil {
+		return nil, fmt.Errorf("engine: rank %d of a model loaded one process per rank (LoadCUDARank) runs through ConnectRanks, not NewCUDA", m.proc.Rank)
 	}
 	if opts.KVBlocks == 0 && opts.KVCacheBytes == 0 {
 		least := uint64(math.MaxUint64)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/loom-ml/loom/graph"
@@ -165,8 +166,15 @@ type rankSet struct {
 // run runs one step on every rank, concurrently when there are several, and returns rank
 // 0's logits f32[1,S,vocab], or with draws the tokens rank 0 sampled on its device (see
 // deviceSampler). shared holds the step inputs every rank gets; each rank adds its own
-// caches.
+// caches. Only rank 0's outputs are read: the other ranks may return none (a rank in
+// another process, see remoteRank). When a rank fails, the others are cancelled, so that
+// none waits for it in a collective.
 func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, draws []sample.DeviceDraw) (*tensor.Tensor, []int32, error) {
+	parent, cancel := ctx, context.CancelFunc(func() {})
+	if len(rs.ranks) > 1 {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	defer cancel()
 	outs := make([][]*tensor.Tensor, len(rs.ranks))
 	errs := make([]error, len(rs.ranks))
 	var ids []int32
@@ -183,6 +191,7 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 		}
 		if errs[r] != nil && len(rs.ranks) > 1 {
 			errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
+			cancel()
 		}
 	}
 	if len(rs.ranks) == 1 {
@@ -193,6 +202,10 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 			wg.Go(func() { runRank(r) })
 		}
 		wg.Wait()
+		// The ranks cancelled because another failed only add noise to its error.
+		if failed := slices.IndexFunc(errs, func(err error) bool { return err != nil && !errors.Is(err, context.Canceled) }); failed >= 0 && parent.Err() == nil {
+			errs = slices.DeleteFunc(errs, func(err error) bool { return errors.Is(err, context.Canceled) })
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, err

@@ -1,0 +1,582 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// The step transport of a multi-process deployment (one process per rank): rank 0 runs the
+// engine and, at every step, sends the step's inputs to every other rank (a follower) over
+// TCP; each follower runs its own program on them, its collectives meeting rank 0's, and
+// replies once it is done (or with its error). The KV caches never travel: each rank keeps
+// its own on its device, and only the number of cache blocks comes with a step.
+//
+// Frames are a type byte, a big-endian uint32 length and the payload; numbers inside the
+// payloads are little-endian.
+//
+//	hello    follower -> 0: stepMagic, rank u32, world size u32, free device bytes u64
+//	welcome  0 -> follower: (empty) the follower is rank `rank` of this world
+//	reject   0 -> follower: why it is refused
+//	step     0 -> follower: step u64, cache blocks u32, tensors u32, then per tensor
+//	         name length u16, name, dtype u8, dims u8, dims × u32, the elements
+//	done     follower -> 0: step u64
+//	failed   follower -> 0: step u64, the error's text
+//	bye      0 -> follower: rank 0 is done; the follower returns
+const (
+	stepHello byte = iota + 1
+	stepWelcome
+	stepReject
+	stepRun
+	stepDone
+	stepFailed
+	stepBye
+)
+
+const (
+	stepMagic = "loom-steps/1"
+	// maxStepFrame bounds a frame: a step of 64k tokens is under 2 MiB.
+	maxStepFrame = 256 << 20
+	// helloWait bounds how long rank 0 waits for an accepted connection's hello, and a
+	// follower for rank 0's answer to its hello.
+	helloWait = 10 * time.Second
+	// stepDialRetry is the pause between a follower's attempts to reach rank 0, which may
+	// still be compiling.
+	stepDialRetry = 50 * time.Millisecond
+)
+
+// writeStepFrame writes one frame in one Write.
+func writeStepFrame(w io.Writer, typ byte, payload []byte) error {
+	buf := make([]byte, 5, 5+len(payload))
+	buf[0] = typ
+	binary.BigEndian.PutUint32(buf[1:], uint32(len(payload)))
+	_, err := w.Write(append(buf, payload...))
+	return err
+}
+
+// readStepFrame reads one frame. A connection closed between frames is io.EOF; one closed
+// inside a frame io.ErrUnexpectedEOF.
+func readStepFrame(r io.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > maxStepFrame {
+		return 0, nil, fmt.Errorf("frame of %d bytes (at most %d): not the step protocol", n, maxStepFrame)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return hdr[0], payload, nil
+}
+
+// stepMsg is what a step frame carries.
+type stepMsg struct {
+	step   uint64
+	blocks int // KV cache blocks of every rank (0: the graph has no cache)
+	inputs map[string]*tensor.Tensor
+}
+
+// isCacheInput reports whether an input is one of the KV caches every rank keeps itself.
+func isCacheInput(name string) bool { return strings.HasPrefix(name, "kv_cache.") }
+
+// encodeStep lays a step out: every input but the caches, which must hold their data
+// (i32, i64 or f32), sorted by name; the caches give only their number of blocks.
+func encodeStep(step uint64, inputs map[string]*tensor.Tensor) ([]byte, error) {
+	names := make([]string, 0, len(inputs))
+	blocks := 0
+	for name, t := range inputs {
+		if isCacheInput(name) {
+			if len(t.Shape) > 0 {
+				blocks = t.Shape[0]
+			}
+			continue
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	size := 16
+	for _, name := range names {
+		size += 4 + len(name) + 4*len(inputs[name].Shape) + 8*tensor.Numel(inputs[name].Shape)
+	}
+	b := make([]byte, 0, size)
+	b = binary.LittleEndian.AppendUint64(b, step)
+	b = binary.LittleEndian.AppendUint32(b, uint32(blocks))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(names)))
+	for _, name := range names {
+		t := inputs[name]
+		n := tensor.Numel(t.Shape)
+		if len(name) > math.MaxUint16 || len(t.Shape) > math.MaxUint8 {
+			return nil, fmt.Errorf("input %q: name or rank too large to send", name)
+		}
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(name)))
+		b = append(b, name...)
+		b = append(b, byte(t.DType), byte(len(t.Shape)))
+		for _, d := range t.Shape {
+			if d < 0 || d > math.MaxUint32 {
+				return nil, fmt.Errorf("input %q: dimension %d cannot be sent", name, d)
+			}
+			b = binary.LittleEndian.AppendUint32(b, uint32(d))
+		}
+		switch {
+		case t.DType == tensor.I32 && len(t.I32) == n:
+			for _, v := range t.I32 {
+				b = binary.LittleEndian.AppendUint32(b, uint32(v))
+			}
+		case t.DType == tensor.I64 && len(t.I64) == n:
+			for _, v := range t.I64 {
+				b = binary.LittleEndian.AppendUint64(b, uint64(v))
+			}
+		case t.DType == tensor.F32 && len(t.F32) == n:
+			for _, v := range t.F32 {
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+			}
+		default:
+			return nil, fmt.Errorf("input %q (%s%v) cannot be sent: only i32, i64 and f32 host tensors holding their data travel", name, t.DType, t.Shape)
+		}
+	}
+	return b, nil
+}
+
+// stepReader reads the fields of a payload in order; the first problem sticks.
+type stepReader struct {
+	b   []byte
+	err error
+}
+
+func (r *stepReader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.err = errors.New("truncated step message")
+		return nil
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *stepReader) u8() byte {
+	if b := r.take(1); b != nil {
+		return b[0]
+	}
+	return 0
+}
+
+func (r *stepReader) u16() uint16 {
+	if b := r.take(2); b != nil {
+		return binary.LittleEndian.Uint16(b)
+	}
+	return 0
+}
+
+func (r *stepReader) u32() uint32 {
+	if b := r.take(4); b != nil {
+		return binary.LittleEndian.Uint32(b)
+	}
+	return 0
+}
+
+func (r *stepReader) u64() uint64 {
+	if b := r.take(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}
+
+// decodeStep reads what encodeStep wrote.
+func decodeStep(payload []byte) (stepMsg, error) {
+	r := &stepReader{b: payload}
+	m := stepMsg{step: r.u64(), blocks: int(r.u32())}
+	count := int(r.u32())
+	if r.err != nil {
+		return m, r.err
+	}
+	m.inputs = make(map[string]*tensor.Tensor, count)
+	for range count {
+		name := string(r.take(int(r.u16())))
+		dt, dims := tensor.DType(r.u8()), int(r.u8())
+		shape := make([]int, dims)
+		n := 1
+		for i := range shape {
+			shape[i] = int(r.u32())
+			n *= shape[i]
+			if n > maxStepFrame {
+				return m, fmt.Errorf("input %q: %v elements exceed a frame", name, shape[:i+1])
+			}
+		}
+		if r.err != nil {
+			return m, r.err
+		}
+		t := &tensor.Tensor{DType: dt, Shape: shape}
+		switch dt {
+		case tensor.I32:
+			raw := r.take(4 * n)
+			t.I32 = make([]int32, n)
+			for i := range t.I32 {
+				if raw != nil {
+					t.I32[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+				}
+			}
+		case tensor.I64:
+			raw := r.take(8 * n)
+			t.I64 = make([]int64, n)
+			for i := range t.I64 {
+				if raw != nil {
+					t.I64[i] = int64(binary.LittleEndian.Uint64(raw[8*i:]))
+				}
+			}
+		case tensor.F32:
+			raw := r.take(4 * n)
+			t.F32 = make([]float32, n)
+			for i := range t.F32 {
+				if raw != nil {
+					t.F32[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+				}
+			}
+		default:
+			return m, fmt.Errorf("input %q has dtype %d, which steps do not carry", name, dt)
+		}
+		if r.err != nil {
+			return m, r.err
+		}
+		m.inputs[name] = t
+	}
+	if len(r.b) != 0 {
+		return m, fmt.Errorf("%d bytes after the step's inputs", len(r.b))
+	}
+	return m, nil
+}
+
+// watchConn makes blocking I/O on conn end when ctx ends (by moving its deadline into the
+// past). The returned function stops watching and clears the deadline; it reports whether
+// ctx ended first.
+func watchConn(ctx context.Context, conn net.Conn) func() bool {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		conn.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	return func() bool {
+		ended := !stop()
+		if ended {
+			<-fired
+		}
+		conn.SetDeadline(time.Time{})
+		return ended
+	}
+}
+
+// remoteRank is, on rank 0, the Executable of another rank that runs in its own process:
+// Run sends the step's inputs (but the KV caches) to the follower and waits until it has
+// run them (see Follow). It returns no outputs: rank 0's come from its own program. Its
+// errors do not repeat the rank; rankSet and RankGroup, which run it, name it.
+type remoteRank struct {
+	rank     int
+	conn     net.Conn
+	r        *bufio.Reader
+	free     uint64        // the follower's free device memory when it connected
+	resident []string      // the cache inputs the follower keeps
+	timeout  time.Duration // the longest wait for a step's reply (0: no limit but ctx)
+
+	mu     sync.Mutex
+	step   uint64
+	broken error // why the connection can no longer carry steps
+	closed bool
+}
+
+// Resident names the cache inputs the follower keeps on its device: the engine gives
+// the remote rank shape-only cache tensors (see keepsCache).
+func (rr *remoteRank) Resident() []string { return rr.resident }
+
+// Run sends one step to the follower and waits for its reply, at most rr.timeout and no
+// longer than ctx. A follower's failure to run the step comes back as its error; a lost
+// connection, a timeout or an ended context break the remote rank for good (the stream
+// of steps is out of step), and so does a reply that does not match the step.
+func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	if rr.closed {
+		return nil, errors.New("the connection to the follower is closed")
+	}
+	if rr.broken != nil {
+		return nil, rr.broken
+	}
+	rr.step++
+	step := rr.step
+	payload, err := encodeStep(step, inputs)
+	if err != nil {
+		return nil, fmt.Errorf("step %d: %w", step, err)
+	}
+	if rr.timeout > 0 {
+		rr.conn.SetDeadline(time.Now().Add(rr.timeout))
+	}
+	done := watchConn(ctx, rr.conn)
+	typ, reply, err := func() (byte, []byte, error) {
+		if err := writeStepFrame(rr.conn, stepRun, payload); err != nil {
+			return 0, nil, fmt.Errorf("send: %w", err)
+		}
+		return readStepFrame(rr.r)
+	}()
+	if cancelled := done(); err != nil {
+		// A reply that arrived as ctx ended still counts.
+		var ne net.Error
+		switch {
+		case cancelled:
+			err = fmt.Errorf("step %d: %w (waiting for the follower)", step, context.Cause(ctx))
+		case errors.As(err, &ne) && ne.Timeout():
+			err = fmt.Errorf("step %d: no reply from the follower within %v", step, rr.timeout)
+		case connGone(err):
+			err = fmt.Errorf("step %d: the follower process closed its connection (did it die?): %w", step, err)
+		default:
+			err = fmt.Errorf("step %d: the connection to the follower failed: %w", step, err)
+		}
+		rr.broken = err
+		return nil, err
+	}
+	switch typ {
+	case stepDone, stepFailed:
+		if len(reply) < 8 || binary.LittleEndian.Uint64(reply) != step {
+			rr.broken = fmt.Errorf("step %d: the follower replied out of turn", step)
+			return nil, rr.broken
+		}
+		if typ == stepFailed {
+			return nil, fmt.Errorf("step %d on the follower: %s", step, reply[8:])
+		}
+		return nil, nil
+	}
+	rr.broken = fmt.Errorf("step %d: the follower sent message type %d, not a step's reply", step, typ)
+	return nil, rr.broken
+}
+
+// Close tells the follower that rank 0 is done (its Follow returns nil) and closes the
+// connection.
+func (rr *remoteRank) Close() error {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	if rr.closed {
+		return nil
+	}
+	rr.closed = true
+	rr.conn.SetWriteDeadline(time.Now().Add(helloWait))
+	err := writeStepFrame(rr.conn, stepBye, nil)
+	if cerr := rr.conn.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && rr.broken == nil {
+		return fmt.Errorf("rank %d: say goodbye: %w", rr.rank, err)
+	}
+	return nil
+}
+
+// acceptFollowers accepts on ln the followers of a world of worldSize ranks, ranks 1 to
+// worldSize-1, each once, and returns them in rank order. A connection that does not speak
+// the step protocol is dropped; a follower of another world size, or a rank already
+// connected, is refused, which fails the whole world. It waits no longer than ctx.
+func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*remoteRank, error) {
+	ranks := make([]*remoteRank, worldSize-1)
+	fail := func(err error) ([]*remoteRank, error) {
+		for _, rr := range ranks {
+			if rr != nil {
+				rr.conn.Close()
+			}
+		}
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	for left := worldSize - 1; left > 0; {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				var missing []string
+				for i, rr := range ranks {
+					if rr == nil {
+						missing = append(missing, fmt.Sprint(i+1))
+					}
+				}
+				return fail(fmt.Errorf("waiting for rank(s) %s to connect: %w", strings.Join(missing, ", "), context.Cause(ctx)))
+			}
+			return fail(fmt.Errorf("accept: %w", err))
+		}
+		conn.SetDeadline(time.Now().Add(helloWait))
+		typ, payload, err := readStepFrame(conn)
+		r := &stepReader{b: payload}
+		if err != nil || typ != stepHello || string(r.take(len(stepMagic))) != stepMagic {
+			slog.Warn("dropped a connection that does not speak the step protocol", "from", conn.RemoteAddr(), "err", err)
+			conn.Close()
+			continue
+		}
+		rank, size, free := int(r.u32()), int(r.u32()), r.u64()
+		reject := func(why string) {
+			writeStepFrame(conn, stepReject, []byte(why))
+			conn.Close()
+		}
+		switch {
+		case r.err != nil:
+			reject("malformed hello")
+			continue
+		case size != worldSize:
+			why := fmt.Sprintf("rank %d belongs to a world of %d ranks, rank 0's has %d", rank, size, worldSize)
+			reject(why)
+			return fail(errors.New(why))
+		case rank < 1 || rank >= worldSize || ranks[rank-1] != nil:
+			why := fmt.Sprintf("a process says it is rank %d, which is not a follower of this world of %d or is already connected", rank, worldSize)
+			reject(why)
+			return fail(errors.New(why))
+		}
+		if err := writeStepFrame(conn, stepWelcome, nil); err != nil {
+			conn.Close()
+			return fail(fmt.Errorf("rank %d: welcome: %w", rank, err))
+		}
+		conn.SetDeadline(time.Time{})
+		ranks[rank-1] = &remoteRank{rank: rank, conn: conn, r: bufio.NewReaderSize(conn, 64<<10), free: free}
+		left--
+	}
+	return ranks, nil
+}
+
+// dialRank0 connects a follower, rank of a world of worldSize ranks, to rank 0's step
+// listener at addr, retrying until rank 0 listens, and says hello (with free, the free
+// device memory, which sizes the KV cache). It waits no longer than ctx.
+func dialRank0(ctx context.Context, addr string, rank, worldSize int, free uint64) (net.Conn, error) {
+	var d net.Dialer
+	var conn net.Conn
+	for {
+		var err error
+		if conn, err = d.DialContext(ctx, "tcp", addr); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("rank %d: connect to rank 0 at %s: %w (last: %v)", rank, addr, context.Cause(ctx), err)
+		case <-time.After(stepDialRetry):
+		}
+	}
+	hello := []byte(stepMagic)
+	hello = binary.LittleEndian.AppendUint32(hello, uint32(rank))
+	hello = binary.LittleEndian.AppendUint32(hello, uint32(worldSize))
+	hello = binary.LittleEndian.AppendUint64(hello, free)
+	conn.SetDeadline(time.Now().Add(helloWait))
+	done := watchConn(ctx, conn)
+	err := writeStepFrame(conn, stepHello, hello)
+	var typ byte
+	var reply []byte
+	if err == nil {
+		// Unbuffered: the first step may follow the welcome at once, and Follow reads it.
+		typ, reply, err = readStepFrame(conn)
+	}
+	if done() {
+		err = context.Cause(ctx)
+	}
+	switch {
+	case err != nil:
+		err = fmt.Errorf("rank %d: hello to rank 0 at %s: %w", rank, addr, err)
+	case typ == stepReject:
+		err = fmt.Errorf("rank %d: rank 0 at %s refused this rank: %s", rank, addr, reply)
+	case typ != stepWelcome:
+		err = fmt.Errorf("rank %d: rank 0 at %s answered the hello with message type %d", rank, addr, typ)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	conn.SetDeadline(time.Time{})
+	return conn, nil
+}
+
+// Follow is the loop of a follower, a rank other than 0 in its own process: it receives
+// each step's inputs from rank 0 on conn, adds its own KV caches (laid out by cache, of as
+// many blocks as rank 0 says; shape-only tensors when exe keeps them on its device, see
+// kvcache.NewCacheShapes; none when cache has no layers), runs exe on them and replies
+// that it is done, or with exe's error, which rank 0's step then reports. It returns nil
+// when rank 0 says goodbye, and an error naming rank 0 when the connection ends otherwise
+// (rank 0 died, or sent what is not a step) or ctx ends. It does not close conn.
+func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Conn) error {
+	r := bufio.NewReaderSize(conn, 64<<10)
+	var caches *kvcache.Cache
+	steps := 0
+	for {
+		done := watchConn(ctx, conn)
+		typ, payload, err := readStepFrame(r)
+		if done() {
+			return fmt.Errorf("following rank 0: %w", context.Cause(ctx))
+		}
+		if err != nil {
+			if connGone(err) {
+				return fmt.Errorf("rank 0 closed the step connection without a goodbye after %d steps (did it die?): %w", steps, err)
+			}
+			return fmt.Errorf("read rank 0's next step: %w", err)
+		}
+		switch typ {
+		case stepBye:
+			return nil
+		case stepRun:
+		default:
+			return fmt.Errorf("rank 0 sent message type %d, not a step", typ)
+		}
+		msg, err := decodeStep(payload)
+		if err != nil {
+			return fmt.Errorf("rank 0's step %d: %w", steps+1, err)
+		}
+		steps++
+		if len(cache.Layers) > 0 {
+			if msg.blocks < 1 {
+				return fmt.Errorf("rank 0's step %d has no KV cache blocks, but this rank's graph runs on a cache", msg.step)
+			}
+			if caches == nil || caches.NumBlocks != msg.blocks {
+				newCache := kvcache.NewCache
+				if keepsCache(exe, cache) {
+					newCache = kvcache.NewCacheShapes
+				}
+				if caches, err = newCache(cache, msg.blocks); err != nil {
+					return fmt.Errorf("rank 0's step %d: %w", msg.step, err)
+				}
+			}
+			caches.Bind(msg.inputs)
+		}
+		var reply []byte
+		reply = binary.LittleEndian.AppendUint64(reply, msg.step)
+		typ = stepDone
+		if _, err := exe.Run(ctx, msg.inputs); err != nil {
+			typ = stepFailed
+			reply = append(reply, err.Error()...)
+		}
+		done = watchConn(ctx, conn)
+		err = writeStepFrame(conn, typ, reply)
+		if done() {
+			return fmt.Errorf("following rank 0: %w", context.Cause(ctx))
+		}
+		if err != nil {
+			return fmt.Errorf("reply to rank 0's step %d (did rank 0 die?): %w", msg.step, err)
+		}
+	}
+}
+
+// connGone reports that the other end of a connection went away: closed between or
+// inside frames, reset (a process that died with unread data in its socket), or a broken
+// pipe.
+func connGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

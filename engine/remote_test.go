@@ -1,0 +1,583 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// testSpec is a one-layer cache of 4-token blocks.
+var testSpec = kvcache.Spec{BlockSize: 4, Layers: []kvcache.LayerSpec{{K: "kv_cache.0.k", V: "kv_cache.0.v", KVHeads: 1, HeadDim: 2, DType: tensor.F32}}}
+
+// fakeRank is an Executable that records the inputs of every Run and returns logits
+// f32[1,S,vocab]. hook, when set, runs first (with the 1-based run number) and its error
+// fails the run.
+type fakeRank struct {
+	vocab    int
+	resident []string
+	hook     func(ctx context.Context, run int) error
+
+	mu   sync.Mutex
+	runs []map[string]*tensor.Tensor
+}
+
+func (f *fakeRank) Run(ctx context.Context, in map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	f.mu.Lock()
+	f.runs = append(f.runs, in)
+	n := len(f.runs)
+	f.mu.Unlock()
+	if f.hook != nil {
+		if err := f.hook(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	S := in["input_ids"].Shape[1]
+	return []*tensor.Tensor{tensor.New(tensor.F32, 1, S, max(f.vocab, 1))}, nil
+}
+
+func (f *fakeRank) inputs() []map[string]*tensor.Tensor {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.runs)
+}
+
+// residentFake is a fakeRank that keeps its caches on its "device".
+type residentFake struct{ *fakeRank }
+
+func (f residentFake) Resident() []string { return f.resident }
+
+// follower is a rank other than 0 of a test world: Follow's result arrives on done.
+type follower struct {
+	conn net.Conn
+	done chan error
+}
+
+// startWorld connects rank 0 to len(exes) followers (ranks 1, 2, ...) over TCP on
+// 127.0.0.1, each following with its executable and spec until the test ends.
+func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcache.Spec) ([]*remoteRank, []*follower) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	n := len(exes) + 1
+	accepted := make(chan []*remoteRank, 1)
+	acceptErr := make(chan error, 1)
+	go func() {
+		rrs, err := acceptFollowers(ctx, ln, n)
+		acceptErr <- err
+		accepted <- rrs
+	}()
+	fs := make([]*follower, len(exes))
+	for i, exe := range exes {
+		conn, err := dialRank0(ctx, ln.Addr().String(), i+1, n, uint64(100+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &follower{conn: conn, done: make(chan error, 1)}
+		fs[i] = f
+		go func() { f.done <- Follow(ctx, exe, spec, conn) }()
+		t.Cleanup(func() { conn.Close() })
+	}
+	if err := <-acceptErr; err != nil {
+		t.Fatal(err)
+	}
+	rrs := <-accepted
+	for i, rr := range rrs {
+		if rr.rank != i+1 || rr.free != uint64(100+i) {
+			t.Fatalf("follower %d: rank %d, free %d", i, rr.rank, rr.free)
+		}
+		rr.resident = []string{"kv_cache.0.k", "kv_cache.0.v"}
+		t.Cleanup(func() { rr.Close() })
+	}
+	return rrs, fs
+}
+
+// newTestRankSet is a rankSet of rank 0's executable and the remote ranks, with a cache
+// of blocks blocks per rank as the engine makes them (shape-only for the remote ranks).
+func newTestRankSet(t *testing.T, rank0 Executable, rrs []*remoteRank, blocks int) *rankSet {
+	t.Helper()
+	rs := &rankSet{ranks: []Rank{{Exe: rank0}}}
+	for _, rr := range rrs {
+		rs.ranks = append(rs.ranks, Rank{Exe: rr})
+	}
+	for _, r := range rs.ranks {
+		newCache := kvcache.NewCache
+		if keepsCache(r.Exe, testSpec) {
+			newCache = kvcache.NewCacheShapes
+		}
+		c, err := newCache(testSpec, blocks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs.caches = append(rs.caches, c)
+	}
+	return rs
+}
+
+// testSteps are the inputs of a few engine steps: a prefill, a batch of two, a decode.
+func testSteps(t *testing.T, blocks int) []map[string]*tensor.Tensor {
+	t.Helper()
+	alloc, err := kvcache.NewAllocator(blocks, testSpec.BlockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, n := range []int{9, 3} {
+		if err := alloc.Reserve(kvcache.SeqID(seq), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := []int{5, 6, 7, 8, 9, 10, 11, 12, 13}, []int{1, 2, 3}
+	var steps []map[string]*tensor.Tensor
+	for _, seqs := range [][]stepSeq{
+		{{seq: 0, tokens: a, from: 0, n: 8}},
+		{{seq: 0, tokens: a, from: 8, n: 1}, {seq: 1, tokens: b, from: 0, n: 3}},
+		{{seq: 1, tokens: b, from: 2, n: 1}},
+	} {
+		in, err := stepInputs(alloc, seqs, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps = append(steps, in)
+	}
+	return steps
+}
+
+func sameTensor(a, b *tensor.Tensor) bool {
+	return a.DType == b.DType && slices.Equal(a.Shape, b.Shape) && slices.Equal(a.I32, b.I32) &&
+		slices.Equal(a.I64, b.I64) && slices.Equal(a.F32, b.F32)
+}
+
+// Every follower runs every step on exactly rank 0's inputs, with its own caches of the
+// engine's number of blocks: shape-only when it keeps them on its device, else allocated.
+func TestRemoteStepsForwarded(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		followers int
+		resident  bool
+	}{
+		{"2 ranks, host caches", 1, false},
+		{"2 ranks, device caches", 1, true},
+		{"3 ranks, device caches", 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			const blocks = 8
+			fakes := make([]*fakeRank, tc.followers)
+			exes := make([]Executable, tc.followers)
+			for i := range fakes {
+				fakes[i] = &fakeRank{resident: []string{"kv_cache.0.k", "kv_cache.0.v"}}
+				exes[i] = fakes[i]
+				if tc.resident {
+					exes[i] = residentFake{fakes[i]}
+				}
+			}
+			rrs, _ := startWorld(t, ctx, exes, testSpec)
+			rank0 := &fakeRank{vocab: 3}
+			rs := newTestRankSet(t, rank0, rrs, blocks)
+			steps := testSteps(t, blocks)
+			for i, in := range steps {
+				out, _, err := rs.run(ctx, in, nil)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if out.Shape[2] != 3 {
+					t.Fatalf("step %d: logits %v are not rank 0's", i, out.Shape)
+				}
+			}
+			want := rank0.inputs()
+			for r, f := range fakes {
+				got := f.inputs()
+				if len(got) != len(steps) {
+					t.Fatalf("rank %d ran %d steps, want %d", r+1, len(got), len(steps))
+				}
+				for i := range got {
+					for name, w := range want[i] {
+						g := got[i][name]
+						if g == nil {
+							t.Fatalf("rank %d step %d: no input %s", r+1, i, name)
+						}
+						if isCacheInput(name) {
+							if !slices.Equal(g.Shape, []int{blocks, 4, 1, 2}) || (len(g.F32) == 0) == !tc.resident {
+								t.Errorf("rank %d step %d: cache %s is %v with %d elements (device caches %v)", r+1, i, name, g.Shape, len(g.F32), tc.resident)
+							}
+							continue
+						}
+						if !sameTensor(g, w) {
+							t.Errorf("rank %d step %d: %s = %v %v, rank 0 had %v %v", r+1, i, name, g.Shape, g.I32, w.Shape, w.I32)
+						}
+					}
+					if len(got[i]) != len(want[i]) {
+						t.Errorf("rank %d step %d: %d inputs, rank 0 had %d", r+1, i, len(got[i]), len(want[i]))
+					}
+				}
+			}
+		})
+	}
+}
+
+// A follower's failure fails rank 0's step with an error naming the rank and carrying the
+// follower's; rank 0's own program, waiting for the follower in a collective, is
+// cancelled; the next step runs again.
+func TestRemoteErrorNamesRank(t *testing.T) {
+	ctx := testCtx(t)
+	bad := &fakeRank{hook: func(ctx context.Context, run int) error {
+		if run == 2 {
+			return errors.New("nccl: rank 2: kernel exploded")
+		}
+		return nil
+	}}
+	rrs, _ := startWorld(t, ctx, []Executable{&fakeRank{}, bad}, testSpec)
+	waited := make(chan error, 3)
+	rank0 := &fakeRank{vocab: 2, hook: func(ctx context.Context, run int) error {
+		if run != 2 {
+			return nil
+		}
+		select { // stuck in a collective until cancelled
+		case <-ctx.Done():
+			waited <- ctx.Err()
+			return fmt.Errorf("sync: %w", ctx.Err())
+		case <-time.After(10 * time.Second):
+			waited <- nil
+			return errors.New("rank 0 was not cancelled")
+		}
+	}}
+	rs := newTestRankSet(t, rank0, rrs, 8)
+	steps := testSteps(t, 8)
+	if _, _, err := rs.run(ctx, steps[0], nil); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := rs.run(ctx, steps[1], nil)
+	if err == nil || !strings.Contains(err.Error(), "rank 2: step 2 on the follower: nccl: rank 2: kernel exploded") {
+		t.Fatalf("error = %v, want rank 2's failure", err)
+	}
+	if strings.Contains(err.Error(), "rank 0") || strings.Contains(err.Error(), "rank 1") {
+		t.Errorf("error %q names ranks that did not fail", err)
+	}
+	if werr := <-waited; !errors.Is(werr, context.Canceled) {
+		t.Errorf("rank 0 waiting in its step: %v, want it cancelled", werr)
+	}
+	if _, _, err := rs.run(ctx, steps[2], nil); err != nil {
+		t.Errorf("the step after a follower's error: %v", err)
+	}
+}
+
+// A follower that goes away (its process died) fails rank 0's step naming the rank, and
+// every later one at once.
+func TestRemoteFollowerDisconnect(t *testing.T) {
+	ctx := testCtx(t)
+	conn := make(chan net.Conn, 1)
+	dies := &fakeRank{hook: func(ctx context.Context, run int) error {
+		if run == 2 {
+			(<-conn).Close()
+		}
+		return nil
+	}}
+	rrs, fs := startWorld(t, ctx, []Executable{dies}, testSpec)
+	conn <- fs[0].conn
+	rs := newTestRankSet(t, &fakeRank{vocab: 2}, rrs, 8)
+	steps := testSteps(t, 8)
+	if _, _, err := rs.run(ctx, steps[0], nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, in := range steps[1:] {
+		start := time.Now()
+		_, _, err := rs.run(ctx, in, nil)
+		if err == nil || !strings.Contains(err.Error(), "rank 1: step 2: the follower process closed its connection") {
+			t.Errorf("step %d after the follower died: %v", i+2, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("step %d took %v to fail", i+2, d)
+		}
+	}
+	if err := <-fs[0].done; err == nil {
+		t.Error("the follower whose connection closed returned nil")
+	}
+}
+
+// Rank 0's goodbye ends its followers' loops with nil; a rank 0 that vanishes without one
+// (it died) ends them with an error naming rank 0.
+func TestRemoteRank0Ends(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		end     func(rr *remoteRank)
+		wantErr string
+	}{
+		{"goodbye", func(rr *remoteRank) { rr.Close() }, ""},
+		{"died", func(rr *remoteRank) { rr.conn.Close() }, "rank 0 closed the step connection without a goodbye after 1 steps"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			rrs, fs := startWorld(t, ctx, []Executable{&fakeRank{}, &fakeRank{}}, testSpec)
+			rs := newTestRankSet(t, &fakeRank{vocab: 2}, rrs, 8)
+			if _, _, err := rs.run(ctx, testSteps(t, 8)[0], nil); err != nil {
+				t.Fatal(err)
+			}
+			for _, rr := range rrs {
+				tc.end(rr)
+			}
+			for r, f := range fs {
+				select {
+				case err := <-f.done:
+					if tc.wantErr == "" && err != nil {
+						t.Errorf("rank %d: %v, want nil after rank 0's goodbye", r+1, err)
+					}
+					if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+						t.Errorf("rank %d: %v, want %q", r+1, err, tc.wantErr)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("rank %d still follows", r+1)
+				}
+			}
+		})
+	}
+}
+
+// A context that ends stops rank 0's wait for a follower (and the remote rank is out of
+// step for good), and a follower's wait for rank 0; a follower silent past the timeout
+// fails the step.
+func TestRemoteContext(t *testing.T) {
+	t.Run("rank 0 cancelled", func(t *testing.T) {
+		ctx := testCtx(t)
+		slow := &fakeRank{hook: func(ctx context.Context, run int) error {
+			time.Sleep(2 * time.Second)
+			return nil
+		}}
+		rrs, _ := startWorld(t, ctx, []Executable{slow}, testSpec)
+		step := testSteps(t, 8)[0]
+		step["kv_cache.0.k"] = &tensor.Tensor{DType: tensor.F32, Shape: []int{8, 4, 1, 2}}
+		runCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := rrs[0].Run(runCtx, step)
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
+			t.Errorf("Run with an ending context: %v after %v", err, time.Since(start))
+		}
+		if _, err := rrs[0].Run(ctx, step); err == nil || !strings.Contains(err.Error(), "step 1") {
+			t.Errorf("Run after a cancelled step: %v, want the broken step 1's error", err)
+		}
+	})
+	t.Run("reply timeout", func(t *testing.T) {
+		ctx := testCtx(t)
+		slow := &fakeRank{hook: func(ctx context.Context, run int) error {
+			time.Sleep(time.Second)
+			return nil
+		}}
+		rrs, _ := startWorld(t, ctx, []Executable{slow}, testSpec)
+		rrs[0].timeout = 100 * time.Millisecond
+		step := testSteps(t, 8)[0]
+		if _, err := rrs[0].Run(ctx, step); err == nil || !strings.Contains(err.Error(), "no reply from the follower within 100ms") {
+			t.Errorf("Run past the timeout: %v", err)
+		}
+	})
+	t.Run("follower cancelled", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(testCtx(t))
+		_, fs := startWorld(t, ctx, []Executable{&fakeRank{}}, testSpec)
+		time.AfterFunc(50*time.Millisecond, cancel)
+		select {
+		case err := <-fs[0].done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Follow after its context ended: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Follow did not return when its context ended")
+		}
+	})
+}
+
+// Rank 0 takes each follower once, of its world's size; a wrong world is refused on both
+// sides, a stranger's connection is dropped, and a missing rank is named when the wait ends.
+func TestRemoteHandshake(t *testing.T) {
+	hello := func(ctx context.Context, addr string, rank, size int) error {
+		conn, err := dialRank0(ctx, addr, rank, size, 0)
+		if conn != nil {
+			t.Cleanup(func() { conn.Close() })
+		}
+		return err
+	}
+	for _, tc := range []struct {
+		name     string
+		dial     func(ctx context.Context, addr string) []error // the followers
+		wantRank string                                         // rank 0's error, "" for success
+		wantDial string                                         // the last dial's error
+	}{
+		{"ok after a stranger", func(ctx context.Context, addr string) []error {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
+				c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+				c.Close()
+			}
+			return []error{hello(ctx, addr, 2, 3), hello(ctx, addr, 1, 3)}
+		}, "", ""},
+		{"world size", func(ctx context.Context, addr string) []error {
+			return []error{hello(ctx, addr, 1, 4)}
+		}, "rank 1 belongs to a world of 4 ranks, rank 0's has 3", "refused this rank"},
+		{"twice", func(ctx context.Context, addr string) []error {
+			return []error{hello(ctx, addr, 1, 3), hello(ctx, addr, 1, 3)}
+		}, "says it is rank 1, which is not a follower", "refused this rank"},
+		{"rank 0", func(ctx context.Context, addr string) []error {
+			return []error{hello(ctx, addr, 0, 3)}
+		}, "says it is rank 0", "refused this rank"},
+		{"missing", func(ctx context.Context, addr string) []error {
+			return []error{hello(ctx, addr, 2, 3)}
+		}, "waiting for rank(s) 1 to connect", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			got := make(chan error, 1)
+			go func() {
+				rrs, err := acceptFollowers(ctx, ln, 3)
+				for _, rr := range rrs {
+					rr.conn.Close()
+				}
+				got <- err
+			}()
+			errs := tc.dial(ctx, ln.Addr().String())
+			err = <-got
+			if (tc.wantRank == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantRank)) {
+				t.Errorf("rank 0: %v, want %q", err, tc.wantRank)
+			}
+			last := errs[len(errs)-1]
+			if (tc.wantDial == "") != (last == nil) || (last != nil && !strings.Contains(last.Error(), tc.wantDial)) {
+				t.Errorf("follower: %v, want %q", last, tc.wantDial)
+			}
+		})
+	}
+}
+
+// A follower waiting for a rank 0 that never listens gives up when its context ends,
+// naming the address.
+func TestRemoteDialTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := dialRank0(ctx, addr, 1, 2, 0); err == nil || !strings.Contains(err.Error(), "rank 1: connect to rank 0 at "+addr) {
+		t.Errorf("dial with nobody listening: %v", err)
+	}
+}
+
+// Steps carry i32, i64 and f32 inputs exactly and the caches as a block count; what
+// cannot travel is an error naming the input.
+func TestStepCodec(t *testing.T) {
+	in := map[string]*tensor.Tensor{
+		"input_ids":    tensor.FromI32([]int32{1, -2, 3}, 1, 3),
+		"wide":         {DType: tensor.I64, Shape: []int{2}, I64: []int64{-1 << 40, 7}},
+		"scale":        tensor.FromF32([]float32{0.5, -3}, 2),
+		"empty":        tensor.FromI32(nil, 0, 4),
+		"kv_cache.0.k": {DType: tensor.BF16, Shape: []int{17, 4, 1, 2}},
+	}
+	b, err := encodeStep(42, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeStep(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.step != 42 || m.blocks != 17 || len(m.inputs) != 4 {
+		t.Fatalf("decoded step %d, %d blocks, %d inputs", m.step, m.blocks, len(m.inputs))
+	}
+	for name, w := range in {
+		if isCacheInput(name) {
+			continue
+		}
+		if g := m.inputs[name]; g == nil || !sameTensor(g, w) {
+			t.Errorf("%s: %+v, want %+v", name, g, w)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		t    *tensor.Tensor
+		want string
+	}{
+		{"bf16", &tensor.Tensor{DType: tensor.BF16, Shape: []int{1}, Half: []uint16{1}}, `input "bf16" (bf16[1]) cannot be sent`},
+		{"shape only", &tensor.Tensor{DType: tensor.I32, Shape: []int{3}}, `input "shape only" (i32[3]) cannot be sent`},
+	} {
+		if _, err := encodeStep(1, map[string]*tensor.Tensor{tc.name: tc.t}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	for cut := range len(b) {
+		if _, err := decodeStep(b[:cut]); err == nil {
+			t.Fatalf("a step cut to %d of %d bytes decoded", cut, len(b))
+		}
+	}
+}
+
+// The engine with rank 1 of a tp=2 CPU deployment behind the step transport (its program
+// following in another goroutine, as it would in another process; the collectives meet
+// through the in-process communicators) generates the tokens of the in-process tp=2
+// engine.
+func TestRemoteEngineCPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads a model")
+	}
+	mesh, err := dist.ParseMesh("tp=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join("..", "testdata", "tiny-llama")
+	m, err := Load(context.Background(), dir, LoadOptions{Optimize: true, Mesh: mesh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ref := loadReference(t, dir)
+	var reqs []Request
+	for _, p := range ref.Prompts {
+		reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: 6, IgnoreEOS: true})
+	}
+	opts := Options{MaxTokensPerStep: 16, KVBlocks: 32, Logger: quiet}
+	local, err := New(context.Background(), m, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := generateAll(t, local, reqs)
+	local.Close()
+
+	ctx := testCtx(t)
+	l1, err := CacheLayout(m.Graphs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rrs, fs := startWorld(t, ctx, []Executable{m.Programs[1]}, l1.Cache)
+	rrs[0].resident = cacheInputs(m.Graphs[1])
+	e, err := NewRanks(ctx, []Rank{{Graph: m.Graphs[0], Exe: m.Programs[0]}, {Graph: m.Graphs[1], Exe: rrs[0]}},
+		ModelInfo{Name: dir, MaxPositions: m.Config.MaxPositionEmbeddings}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := generateAll(t, e, reqs)
+	e.Close()
+	for i := range reqs {
+		if len(got[i]) != 6 || !slices.Equal(got[i], want[i]) {
+			t.Errorf("request %d: remote rank 1 gives %v, in-process %v", i, got[i], want[i])
+		}
+	}
+	if rrs[0].Close(); <-fs[0].done != nil {
+		t.Error("the follower did not end cleanly")
+	}
+}
