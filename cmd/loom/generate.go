@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,10 +75,30 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 				vocab int
 				eos   []int
 			)
-			if dev == engine.DeviceCUDA {
-				m, err := engine.LoadCUDA(cmd.Context(), dir, engine.LoadOptions{
-					Optimize: !noOptimize, Transforms: transforms, Mesh: mesh, DistBackend: ranks.distBackend,
-				})
+			env, multi, err := processEnv(os.LookupEnv)
+			if err == nil && multi {
+				err = checkProcessWorld(env, mesh, dev)
+			}
+			if err != nil {
+				return err
+			}
+			lopts := engine.LoadOptions{Optimize: !noOptimize, Transforms: transforms, Mesh: mesh, DistBackend: ranks.distBackend}
+			if multi {
+				m, p, err := loadRank(cmd, dir, lopts, env)
+				if err != nil {
+					return err
+				}
+				if !p.Leader() {
+					return follow(p, m)
+				}
+				defer m.Close()
+				defer p.Close()
+				if exe, err = p.Executable(); err != nil {
+					return err
+				}
+				vocab, eos = m.Config.VocabSize, m.EOSTokenIDs()
+			} else if dev == engine.DeviceCUDA {
+				m, err := engine.LoadCUDA(cmd.Context(), dir, lopts)
 				if err != nil {
 					return err
 				}

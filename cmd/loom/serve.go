@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -51,7 +52,9 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 }
 
 // start loads the model in dir on the device the flags pick and starts an engine on it.
-// The caller closes the engine, then calls done to release the model.
+// The caller closes the engine, then calls done to release the model. In a multi-process
+// world (WORLD_SIZE > 1, see startRank) rank 0 gets its engine; the other ranks follow it
+// and exit without returning.
 func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*model.Model, *engine.Engine, func() error, error) {
 	mesh, err := e.ranks.resolve()
 	if err != nil {
@@ -72,6 +75,14 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
 		QueueOnFull: queueOnFull, MaxQueue: maxQueue,
+	}
+	if env, multi, err := processEnv(os.LookupEnv); err != nil {
+		return nil, nil, nil, err
+	} else if multi {
+		if err := checkProcessWorld(env, mesh, dev); err != nil {
+			return nil, nil, nil, err
+		}
+		return e.startRank(cmd, dir, env, opts, eopts)
 	}
 	// The engine outlives the command's context: a signal must let it drain, not kill it.
 	ctx := context.WithoutCancel(cmd.Context())
