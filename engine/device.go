@@ -229,14 +229,13 @@ func loadCUDA(ctx context.Context, dir string, opts LoadOptions, proc *nccl.Env,
 		cm.worlds = []*nccl.World{w}
 	}
 	for r := range n {
-		if proc != nil {
-			break
+		if proc == nil {
+			d, err := cuda.Open(r)
+			if err != nil {
+				return fail(fmt.Errorf("%s: %w", dir, err))
+			}
+			cm.devs = append(cm.devs, d)
 		}
-		d, err := cuda.Open(r)
-		if err != nil {
-			return fail(fmt.Errorf("%s: %w", dir, err))
-		}
-		cm.devs = append(cm.devs, d)
 	}
 	copts := make([]cuda.Options, n)
 	if proc != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -158,6 +159,31 @@ func testSteps(t *testing.T, blocks int) []map[string]*tensor.Tensor {
 func sameTensor(a, b *tensor.Tensor) bool {
 	return a.DType == b.DType && slices.Equal(a.Shape, b.Shape) && slices.Equal(a.I32, b.I32) &&
 		slices.Equal(a.I64, b.I64) && slices.Equal(a.F32, b.F32)
+}
+
+// Without the cache stage (loom generate's whole-sequence graph), the followers run
+// GreedyRecompute's steps as rank 0 does, and add no caches.
+func TestRemoteGreedyRecompute(t *testing.T) {
+	ctx := testCtx(t)
+	f := &fakeRank{}
+	rrs, _ := startWorld(t, ctx, []Executable{f}, kvcache.Spec{})
+	rank0 := &fakeRank{vocab: 5}
+	res, err := GreedyRecompute(ctx, &RankGroup{Ranks: []Executable{rank0, rrs[0]}, Graphs: []*graph.Graph{{Name: "whole-sequence"}}}, []int{1, 2, 3}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NewIDs) != 3 {
+		t.Fatalf("%d new tokens, want 3", len(res.NewIDs))
+	}
+	got, want := f.inputs(), rank0.inputs()
+	if len(got) != len(want) || len(got) != 3 {
+		t.Fatalf("rank 1 ran %d steps, rank 0 %d; want 3", len(got), len(want))
+	}
+	for i := range got {
+		if len(got[i]) != 2 || !sameTensor(got[i]["input_ids"], want[i]["input_ids"]) || !sameTensor(got[i]["positions"], want[i]["positions"]) {
+			t.Errorf("step %d: rank 1 got %v, rank 0 %v", i, got[i], want[i])
+		}
+	}
 }
 
 // Every follower runs every step on exactly rank 0's inputs, with its own caches of the
