@@ -945,6 +945,9 @@ func TestPeerLatency(t *testing.T) {
 
 // TestPeerKernelsCompile compiles allreduce.cu for sm_90 where NVRTC loads, GPU or not.
 func TestPeerKernelsCompile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiling takes seconds; skipped with -short")
+	}
 	if _, _, err := cubind.NVRTCVersion(); err != nil {
 		t.Skip("no NVRTC: " + err.Error())
 	}

@@ -119,7 +119,6 @@ __device__ __forceinline__ bool ar_begin(const PeerArgs& p, const u64* s_k, cons
   __syncthreads();
   *k = *s_k;
   bool ok = *s_ok != 0;
-  __syncthreads();  // every thread has read s_k and s_ok before a later call could change them
   if (ok && threadIdx.x == blockDim.x - 1) {
     unsigned* ctl = (unsigned*)p.ctl;
     __threadfence();  // thread 0's read of the counter (ordered by the barrier) before the ticket
