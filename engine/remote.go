@@ -303,6 +303,10 @@ type remoteRank struct {
 	step   uint64
 	broken error // why the connection can no longer carry steps
 	closed bool
+	// owed counts the replies of steps whose wait ended with their context (a rank
+	// failed and rankSet cancelled the others): the follower still runs them and replies,
+	// and the next Run reads and drops those replies first.
+	owed int
 }
 
 // Resident names the cache inputs the follower keeps on its device: the engine gives
@@ -310,9 +314,10 @@ type remoteRank struct {
 func (rr *remoteRank) Resident() []string { return rr.resident }
 
 // Run sends one step to the follower and waits for its reply, at most rr.timeout and no
-// longer than ctx. A follower's failure to run the step comes back as its error; a lost
-// connection, a timeout or an ended context break the remote rank for good (the stream
-// of steps is out of step), and so does a reply that does not match the step.
+// longer than ctx. A follower's failure to run the step comes back as its error. When ctx
+// ends before the reply starts, the step fails and its reply is dropped when it comes, at
+// the next Run; a lost connection, a timeout, a reply cut short or one that does not match
+// the step break the remote rank for good (the stream of steps is out of step).
 func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
@@ -321,6 +326,13 @@ func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor)
 	}
 	if rr.broken != nil {
 		return nil, rr.broken
+	}
+	for rr.owed > 0 {
+		if _, _, err := rr.reply(rr.step - uint64(rr.owed) + 1); err != nil {
+			rr.broken = fmt.Errorf("the reply to an abandoned step: %w", err)
+			return nil, rr.broken
+		}
+		rr.owed--
 	}
 	rr.step++
 	step := rr.step
@@ -332,41 +344,63 @@ func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor)
 		rr.conn.SetDeadline(time.Now().Add(rr.timeout))
 	}
 	done := watchConn(ctx, rr.conn)
-	typ, reply, err := func() (byte, []byte, error) {
-		if err := writeStepFrame(rr.conn, stepRun, payload); err != nil {
-			return 0, nil, fmt.Errorf("send: %w", err)
-		}
-		return readStepFrame(rr.r)
-	}()
+	err = writeStepFrame(rr.conn, stepRun, payload)
+	wrote := err == nil
+	if wrote {
+		_, err = rr.r.Peek(1) // wait for the reply's first byte, consuming nothing
+	}
 	if cancelled := done(); err != nil {
-		// A reply that arrived as ctx ended still counts.
-		var ne net.Error
-		switch {
-		case cancelled:
-			err = fmt.Errorf("step %d: %w (waiting for the follower)", step, context.Cause(ctx))
-		case errors.As(err, &ne) && ne.Timeout():
-			err = fmt.Errorf("step %d: no reply from the follower within %v", step, rr.timeout)
-		case connGone(err):
-			err = fmt.Errorf("step %d: the follower process closed its connection (did it die?): %w", step, err)
-		default:
-			err = fmt.Errorf("step %d: the connection to the follower failed: %w", step, err)
+		if cancelled && wrote {
+			rr.owed++ // the follower runs the step all the same; drop its reply later
+			return nil, fmt.Errorf("step %d: %w (waiting for the follower)", step, context.Cause(ctx))
 		}
+		rr.broken = rr.connErr(step, err, cancelled, ctx)
+		return nil, rr.broken
+	}
+	typ, msg, err := rr.reply(step)
+	if err != nil {
 		rr.broken = err
 		return nil, err
+	}
+	if typ == stepFailed {
+		return nil, fmt.Errorf("step %d on the follower: %s", step, msg)
+	}
+	return nil, nil
+}
+
+// reply reads the follower's reply to step (within rr.timeout), checking that it answers
+// that step; it returns the reply's type and message.
+func (rr *remoteRank) reply(step uint64) (byte, []byte, error) {
+	if rr.timeout > 0 {
+		rr.conn.SetDeadline(time.Now().Add(rr.timeout))
+		defer rr.conn.SetDeadline(time.Time{})
+	}
+	typ, reply, err := readStepFrame(rr.r)
+	if err != nil {
+		return 0, nil, rr.connErr(step, err, false, nil)
 	}
 	switch typ {
 	case stepDone, stepFailed:
 		if len(reply) < 8 || binary.LittleEndian.Uint64(reply) != step {
-			rr.broken = fmt.Errorf("step %d: the follower replied out of turn", step)
-			return nil, rr.broken
+			return 0, nil, fmt.Errorf("step %d: the follower replied out of turn", step)
 		}
-		if typ == stepFailed {
-			return nil, fmt.Errorf("step %d on the follower: %s", step, reply[8:])
-		}
-		return nil, nil
+		return typ, reply[8:], nil
 	}
-	rr.broken = fmt.Errorf("step %d: the follower sent message type %d, not a step's reply", step, typ)
-	return nil, rr.broken
+	return 0, nil, fmt.Errorf("step %d: the follower sent message type %d, not a step's reply", step, typ)
+}
+
+// connErr describes a failed exchange of step with the follower.
+func (rr *remoteRank) connErr(step uint64, err error, cancelled bool, ctx context.Context) error {
+	var ne net.Error
+	switch {
+	case cancelled:
+		return fmt.Errorf("step %d: %w (sending to the follower)", step, context.Cause(ctx))
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Errorf("step %d: no reply from the follower within %v", step, rr.timeout)
+	case connGone(err):
+		return fmt.Errorf("step %d: the follower process closed its connection (did it die?): %w", step, err)
+	}
+	return fmt.Errorf("step %d: the connection to the follower failed: %w", step, err)
 }
 
 // Close tells the follower that rank 0 is done (its Follow returns nil) and closes the
