@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/loom-ml/loom/cubind"
@@ -51,7 +50,7 @@ var peerKernels = func() []string {
 	for _, x := range []string{"f32", "bf16"} {
 		for _, r := range []string{"f32", "bf16"} {
 			for _, w := range []string{"f32", "bf16"} {
-				ks = append(ks, "ar_add_rmsnorm_"+x+"_"+r+"_"+w+"_b512", "ar_add_rmsnorm_"+x+"_"+r+"_"+w+"_b1024")
+				ks = append(ks, "ar_add_rmsnorm_"+x+"_"+r+"_"+w)
 			}
 		}
 	}
@@ -465,6 +464,8 @@ func (r *PeerRank) blocks(n int64) int {
 // parallel), up to peerThreads.
 func peerBlockSize(packs int64) int64 {
 	switch {
+	case packs <= 2048: // 32 KiB
+		return 128
 	case packs <= 8192: // 128 KiB
 		return 256
 	}
@@ -564,13 +565,9 @@ func (r *PeerRank) allReduceAddRMSNorm(normed, sum, x, res, w *Tensor, eps float
 	if rows == 0 || D == 0 {
 		return nil
 	}
-	block := rowBlock(D)
-	name := "ar_add_rmsnorm_" + names[0] + "_" + names[1] + "_" + names[2] + "_b512"
-	if block.X > 512 {
-		name = strings.TrimSuffix(name, "_b512") + "_b1024"
-	}
+	name := "ar_add_rmsnorm_" + names[0] + "_" + names[1] + "_" + names[2]
 	grid := cubind.Dim3{X: r.blocks(int64(rows)), Y: 1, Z: 1}
-	err = r.dev.launch("allreduce.cu", name, grid, block, 0, func(a *cubind.Args) {
+	err = r.dev.launch("allreduce.cu", name, grid, rowBlock(D), 0, func(a *cubind.Args) {
 		a.Ptr(normed.ptr).Ptr(sum.ptr).Ptr(x.ptr).Ptr(res.ptr).Ptr(w.ptr).I32(int32(rows)).I32(int32(D)).F32(eps).Struct(r.params)
 	})
 	if err != nil {

@@ -99,26 +99,22 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// ar_read_ctl starts a call: thread 0 reads the call counter and the error word into
-// shared memory for ar_begin. Between the two, threads may issue loads that do not depend on
-// the call's number (the input), so that their latency overlaps this read.
-__device__ __forceinline__ void ar_read_ctl(const PeerArgs& p, u64* s_k, unsigned* s_ok) {
-  if (threadIdx.x == 0) {
-    *s_ok = ((volatile unsigned*)p.ctl)[3] == 0;
-    *s_k = *(volatile u64*)p.ctl + 1;
-  }
-}
-
 // ar_begin sets *k to the call's number for every thread of the block; it returns false
 // when the group is broken (a timeout). It also counts the block in the call's ticket; the
 // last block to do so stores k as the counter, for the next call. Every block has read the
-// counter by then, so none sees the new value. The block's last thread takes the ticket
-// after the block's other threads have gone on to copy their input, so that its latency
-// overlaps the copy (at the end of the kernel its fence would wait for the output's stores).
-__device__ __forceinline__ bool ar_begin(const PeerArgs& p, const u64* s_k, const unsigned* s_ok, u64* k) {
+// counter by then, so none sees the new value. The ticket is taken at the start, by the
+// block's last thread, so that its latency overlaps the copy (at the end, its fence would
+// wait for the block's output stores).
+__device__ __forceinline__ bool ar_begin(const PeerArgs& p, u64* k) {
+  __shared__ u64 s_k;
+  __shared__ unsigned s_ok;
+  if (threadIdx.x == 0) {
+    s_ok = ((volatile unsigned*)p.ctl)[3] == 0;
+    s_k = *(volatile u64*)p.ctl + 1;
+  }
   __syncthreads();
-  *k = *s_k;
-  bool ok = *s_ok != 0;
+  *k = s_k;
+  bool ok = s_ok != 0;
   if (ok && threadIdx.x == blockDim.x - 1) {
     unsigned* ctl = (unsigned*)p.ctl;
     __threadfence();  // thread 0's read of the counter (ordered by the barrier) before the ticket
@@ -129,6 +125,7 @@ __device__ __forceinline__ bool ar_begin(const PeerArgs& p, const u64* s_k, cons
       *(volatile u64*)ctl = *k;
     }
   }
+  __syncthreads();  // every thread has read s_k and s_ok before any thread returns
   return ok;
 }
 
@@ -245,22 +242,17 @@ template <class X>
 __device__ __forceinline__ void allreduce_impl(typename X::T* out, const typename X::T* x, long long n, const PeerArgs& p) {
   typedef typename X::T T;
   const int N = Pack<X>::N;
-  __shared__ u64 s_k;
-  __shared__ unsigned s_ok;
-  ar_read_ctl(p, &s_k, &s_ok);
+  u64 k;
+  if (!ar_begin(p, &k)) return;
+  long long off = (long long)(k & 1) * p.half;
+  T* mine = (T*)(p.data[p.rank] + off);
   bool xa = ((unsigned long long)x & 15) == 0, oa = ((unsigned long long)out & 15) == 0;
   long long packs = (n + N - 1) / N, stride = (long long)gridDim.x * blockDim.x;
   long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  uint4 pre = make_uint4(0, 0, 0, 0);  // the first pack, loaded while the counter is read
-  if (xa && first < packs && first * N + N <= n) pre = ((const uint4*)x)[first];
-  u64 k;
-  if (!ar_begin(p, &s_k, &s_ok, &k)) return;
-  long long off = (long long)(k & 1) * p.half;
-  T* mine = (T*)(p.data[p.rank] + off);
   for (long long i = first; i < packs; i += stride) {
     long long e = i * N;
     if (xa && e + N <= n) {
-      ((uint4*)mine)[i] = i == first ? pre : ((const uint4*)x)[i];
+      ((uint4*)mine)[i] = ((const uint4*)x)[i];
     } else {
       for (long long j = e; j < e + N && j < n; j++) mine[j] = x[j];
     }
@@ -310,11 +302,8 @@ __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename
   typedef typename Promote<W, S>::type Nt;
   typedef typename X::T T;
   const int N = Pack<X>::N;
-  __shared__ u64 s_k;
-  __shared__ unsigned s_ok;
-  ar_read_ctl(p, &s_k, &s_ok);
   u64 k;
-  if (!ar_begin(p, &s_k, &s_ok, &k)) return;
+  if (!ar_begin(p, &k)) return;
   long long off = (long long)(k & 1) * p.half;
   T* mine = (T*)(p.data[p.rank] + off);
   bool packed = D % N == 0;
@@ -423,17 +412,12 @@ __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename
   }
 }
 
-// Two block-size classes: rowBlock gives at most 512 threads for D <= 4096, and with at most
-// 512 a thread may use 128 registers (the register path needs more than 64).
-#define AR_ADD_RMSNORM_B(NAME, X, R, W, B)                                                                            \
-  extern "C" __global__ void __launch_bounds__(B)                                                                     \
+#define AR_ADD_RMSNORM(NAME, X, R, W)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(1024)                                                                  \
       NAME(Promote<W, Promote<X, R>::type>::type::T* normed, Promote<X, R>::type::T* sum, const X::T* x,               \
            const R::T* r, const W::T* w, int rows, int D, float eps, PeerArgs p) {                                     \
     ar_add_rmsnorm_impl<X, R, W>(normed, sum, x, r, w, rows, D, eps, p);                                              \
   }
-#define AR_ADD_RMSNORM(NAME, X, R, W)          \
-  AR_ADD_RMSNORM_B(NAME##_b512, X, R, W, 512) \
-  AR_ADD_RMSNORM_B(NAME##_b1024, X, R, W, 1024)
 AR_ADD_RMSNORM(ar_add_rmsnorm_f32_f32_f32, F32, F32, F32)
 AR_ADD_RMSNORM(ar_add_rmsnorm_f32_f32_bf16, F32, F32, BF16)
 AR_ADD_RMSNORM(ar_add_rmsnorm_f32_bf16_f32, F32, BF16, F32)
