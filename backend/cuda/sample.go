@@ -6,13 +6,14 @@ import (
 	"math"
 
 	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
-// SampleRow holds the sampling parameters of one row of logits for SampleRows; packed, it
-// is 32 bytes (see SampleParams.Tensor). The parameters mean what they mean in package
-// sample (temperature, then top-k, top-p and min-p each on what the previous one left, then
-// one draw), with these conventions:
+// SampleRow holds the sampling parameters of one row of logits for SampleRows: the engine's
+// sample.DeviceDraw. Packed, it is 32 bytes (see SampleParams.Tensor). The parameters mean
+// what they mean in package sample (temperature, then top-k, top-p and min-p each on what
+// the previous one left, then one draw), with these conventions:
 //
 //   - Temperature <= 0 (or NaN) is greedy: the argmax, ties to the lowest index, NaN never
 //     chosen, as the argmax kernel.
@@ -21,14 +22,7 @@ import (
 //   - Seed and Counter make the draw reproducible: the same logits, parameters, seed and
 //     counter give the same token, whatever the row's position in the batch or the launch.
 //     The engine passes a request's seed and the index of the token it samples.
-type SampleRow struct {
-	Temperature float32
-	TopP        float32
-	MinP        float32
-	TopK        int32
-	Seed        uint64
-	Counter     uint64
-}
+type SampleRow = sample.DeviceDraw
 
 // sampleRowWords is the i32 words of one packed SampleRow.
 const sampleRowWords = 8

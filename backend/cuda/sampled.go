@@ -34,7 +34,7 @@ func (p *Program) RunSampled(ctx context.Context, inputs map[string]*tensor.Tens
 			return err
 		}
 		d := p.dev
-		params, err := d.upload(samplerParams(draws).Tensor())
+		params, err := d.upload(SampleParams(draws).Tensor())
 		if err != nil {
 			return fmt.Errorf("sample: %w", err)
 		}
@@ -60,13 +60,4 @@ func (p *Program) RunSampled(ctx context.Context, inputs map[string]*tensor.Tens
 		return nil
 	})
 	return ids, err
-}
-
-// samplerParams converts the engine's draws to SampleRows' rows.
-func samplerParams(draws []sample.DeviceDraw) SampleParams {
-	rows := make(SampleParams, len(draws))
-	for i, d := range draws {
-		rows[i] = SampleRow{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK, Seed: d.Seed, Counter: d.Counter}
-	}
-	return rows
 }
