@@ -25,7 +25,8 @@ bench:
 # On the GPU machine (no Go there): CGO_ENABLED=0 go test -c -o .bin/cuda.test ./backend/cuda,
 # then LOOM_REQUIRE_GPU=1 .bin/cuda.test -test.v (LOOM_CUDA_TIMINGS=1 adds kernel timings).
 gpu-test:
-	LOOM_REQUIRE_GPU=1 $(GO) test -v ./cubind/... ./backend/cuda/...
+	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 $(GO) test -v ./cubind/... ./backend/cuda/... ./dist/nccl/...
+	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 $(GO) test -v -run 'CUDA|Device|MultiProc' ./engine/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./graph/
