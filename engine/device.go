@@ -95,11 +95,7 @@ type CUDAModel struct {
 // RankGroup of them.
 func (m *CUDAModel) Executable() Executable {
 	if len(m.Programs) > 1 {
-		exes := make([]Executable, len(m.Programs))
-		for r, p := range m.Programs {
-			exes[r] = p
-		}
-		return &RankGroup{Ranks: exes, Graphs: m.Graphs}
+		return newRankGroup(m.Programs, m.Graphs)
 	}
 	return m.Program
 }

@@ -124,13 +124,18 @@ func loadRanks(ctx context.Context, m *model.Model, g *graph.Graph, dir string, 
 // RankGroup that runs every rank on the same inputs and returns rank 0's outputs.
 func (m *Model) Executable() Executable {
 	if len(m.Programs) > 1 {
-		exes := make([]Executable, len(m.Programs))
-		for r, p := range m.Programs {
-			exes[r] = p
-		}
-		return &RankGroup{Ranks: exes, Graphs: m.Graphs}
+		return newRankGroup(m.Programs, m.Graphs)
 	}
 	return m.Program
+}
+
+// newRankGroup makes a RankGroup of one executable per rank.
+func newRankGroup[E Executable](progs []E, graphs []*graph.Graph) *RankGroup {
+	exes := make([]Executable, len(progs))
+	for r, p := range progs {
+		exes[r] = p
+	}
+	return &RankGroup{Ranks: exes, Graphs: graphs}
 }
 
 // RankGroup runs the ranks of a deployment together as one Executable: every rank gets the

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -59,34 +60,13 @@ const (
 	stepDialRetry = 50 * time.Millisecond
 )
 
-// writeStepFrame writes one frame in one Write.
+// writeStepFrame and readStepFrame frame the step protocol (see dist.WriteFrame).
 func writeStepFrame(w io.Writer, typ byte, payload []byte) error {
-	buf := make([]byte, 5, 5+len(payload))
-	buf[0] = typ
-	binary.BigEndian.PutUint32(buf[1:], uint32(len(payload)))
-	_, err := w.Write(append(buf, payload...))
-	return err
+	return dist.WriteFrame(w, typ, payload)
 }
 
-// readStepFrame reads one frame. A connection closed between frames is io.EOF; one closed
-// inside a frame io.ErrUnexpectedEOF.
 func readStepFrame(r io.Reader) (byte, []byte, error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return 0, nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > maxStepFrame {
-		return 0, nil, fmt.Errorf("frame of %d bytes (at most %d): not the step protocol", n, maxStepFrame)
-	}
-	payload := make([]byte, n)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, nil, err
-	}
-	return hdr[0], payload, nil
+	return dist.ReadFrame(r, maxStepFrame, "the step protocol")
 }
 
 // stepMsg is what a step frame carries.

@@ -80,18 +80,7 @@ type Cache struct {
 
 // NewCache allocates zeroed cache tensors of numBlocks blocks.
 func NewCache(spec Spec, numBlocks int) (*Cache, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	if numBlocks < 1 {
-		return nil, fmt.Errorf("kvcache: need at least one block, got %d", numBlocks)
-	}
-	c := &Cache{Spec: spec, NumBlocks: numBlocks}
-	for _, l := range spec.Layers {
-		c.K = append(c.K, tensor.New(l.DType, numBlocks, spec.BlockSize, l.KVHeads, l.HeadDim))
-		c.V = append(c.V, tensor.New(l.DType, numBlocks, spec.BlockSize, l.KVHeads, l.HeadDim))
-	}
-	return c, nil
+	return newCache(spec, numBlocks, func(dt tensor.DType, shape []int) *tensor.Tensor { return tensor.New(dt, shape...) })
 }
 
 // NewCacheShapes describes cache tensors of numBlocks blocks without allocating them: each
@@ -99,6 +88,10 @@ func NewCache(spec Spec, numBlocks int) (*Cache, error) {
 // themselves, on a device (see backend/cuda's Options.Resident), where host copies would
 // only waste memory.
 func NewCacheShapes(spec Spec, numBlocks int) (*Cache, error) {
+	return newCache(spec, numBlocks, func(dt tensor.DType, shape []int) *tensor.Tensor { return &tensor.Tensor{DType: dt, Shape: shape} })
+}
+
+func newCache(spec Spec, numBlocks int, newTensor func(tensor.DType, []int) *tensor.Tensor) (*Cache, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -107,9 +100,8 @@ func NewCacheShapes(spec Spec, numBlocks int) (*Cache, error) {
 	}
 	c := &Cache{Spec: spec, NumBlocks: numBlocks}
 	for _, l := range spec.Layers {
-		shape := []int{numBlocks, spec.BlockSize, l.KVHeads, l.HeadDim}
-		c.K = append(c.K, &tensor.Tensor{DType: l.DType, Shape: shape})
-		c.V = append(c.V, &tensor.Tensor{DType: l.DType, Shape: slices.Clone(shape)})
+		c.K = append(c.K, newTensor(l.DType, []int{numBlocks, spec.BlockSize, l.KVHeads, l.HeadDim}))
+		c.V = append(c.V, newTensor(l.DType, []int{numBlocks, spec.BlockSize, l.KVHeads, l.HeadDim}))
 	}
 	return c, nil
 }

@@ -50,14 +50,7 @@ var opKernels = map[string]*opKernel{
 		return d.addRMSNorm(out[0], out[1], in[0], in[1], in[2], float32(n.Attrs.Float("eps")))
 	}},
 	"rope": {
-		prepare: func(d *Device, n *graph.Node) (any, error) {
-			inv := n.Attrs.Floats("inv_freq")
-			f := make([]float32, len(inv))
-			for i, v := range inv {
-				f[i] = float32(v)
-			}
-			return d.upload(tensor.FromF32(f, len(f)))
-		},
+		prepare: uploadInvFreq,
 		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
 			return d.rope(out[0], out[1], in[0], in[1], in[2], state.(*Tensor), float32(n.Attrs.Float("scaling")))
 		},
@@ -122,6 +115,17 @@ var opKernels = map[string]*opKernel{
 	"repeat_kv": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
 		return d.repeatKV(out[0], in[0], n.Attrs.Int("n"))
 	}},
+}
+
+// uploadInvFreq puts a rotary node's inv_freq attribute on the device as f32, for the rope
+// kernels.
+func uploadInvFreq(d *Device, n *graph.Node) (any, error) {
+	inv := n.Attrs.Floats("inv_freq")
+	f := make([]float32, len(inv))
+	for i, v := range inv {
+		f[i] = float32(v)
+	}
+	return d.upload(tensor.FromF32(f, len(f)))
 }
 
 // Ops lists the graph ops the CUDA executor runs (besides param and const, which it loads).

@@ -14,14 +14,7 @@ import (
 
 func init() {
 	opKernels["qkv_rope"] = &opKernel{
-		prepare: func(d *Device, n *graph.Node) (any, error) {
-			inv := n.Attrs.Floats("inv_freq")
-			f := make([]float32, len(inv))
-			for i, v := range inv {
-				f[i] = float32(v)
-			}
-			return d.upload(tensor.FromF32(f, len(f)))
-		},
+		prepare: uploadInvFreq,
 		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
 			return d.qkvRope(out[0], out[1], out[2], in[0], in[1], state.(*Tensor),
 				n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), float32(n.Attrs.Float("scaling")))

@@ -154,29 +154,10 @@ type event struct {
 	err     error
 }
 
-func writeFrame(w io.Writer, typ byte, payload []byte) error {
-	buf := make([]byte, 5+len(payload))
-	buf[0] = typ
-	binary.BigEndian.PutUint32(buf[1:], uint32(len(payload)))
-	copy(buf[5:], payload)
-	_, err := w.Write(buf)
-	return err
-}
+func writeFrame(w io.Writer, typ byte, payload []byte) error { return dist.WriteFrame(w, typ, payload) }
 
 func readFrame(r io.Reader) (byte, []byte, error) {
-	var head [5]byte
-	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return 0, nil, err
-	}
-	n := binary.BigEndian.Uint32(head[1:])
-	if n > maxFrame {
-		return 0, nil, fmt.Errorf("frame of %d bytes (at most %d): not a Loom rendezvous peer", n, maxFrame)
-	}
-	payload := make([]byte, n)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		return 0, nil, err
-	}
-	return head[0], payload, nil
+	return dist.ReadFrame(r, maxFrame, "a Loom rendezvous peer")
 }
 
 func helloPayload(rank, size int) []byte {
