@@ -29,9 +29,12 @@ type Collectives interface {
 }
 
 // OneShotMaxBytes is the largest all-reduce (bytes per rank) that allreduce_strategy auto
-// sends through the one-shot peer kernel when the program has a PeerRank; larger ones go
-// to NCCL. Measured on 2 H200s (docs/PERFORMANCE.md): the one-shot kernel wins up to here.
-var OneShotMaxBytes = 256 << 10
+// sends through the one-shot peer kernel when the program has a PeerRank (and the peer
+// group's buffers hold it); larger ones go to NCCL. On 2 H200s the one-shot kernel beat
+// NCCL at every size measured, 8 KB to 16 MB (bf16, in CUDA graphs: 7.6 µs against 13.6 at
+// 512 KB, 12.2 against 27.9 at 2 MB; docs/PERFORMANCE.md), so the peer buffer's size
+// (engine: 4 MiB) is the limit in practice; the crossover for 4 and 8 GPUs is not measured.
+var OneShotMaxBytes = 16 << 20
 
 // collective is a collective node bound to this rank at compile time.
 type collective struct {
