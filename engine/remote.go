@@ -117,24 +117,30 @@ func encodeStep(step uint64, inputs map[string]*tensor.Tensor) ([]byte, error) {
 			}
 			b = binary.LittleEndian.AppendUint32(b, uint32(d))
 		}
-		switch {
-		case t.DType == tensor.I32 && len(t.I32) == n:
-			for _, v := range t.I32 {
-				b = binary.LittleEndian.AppendUint32(b, uint32(v))
-			}
-		case t.DType == tensor.I64 && len(t.I64) == n:
-			for _, v := range t.I64 {
-				b = binary.LittleEndian.AppendUint64(b, uint64(v))
-			}
-		case t.DType == tensor.F32 && len(t.F32) == n:
-			for _, v := range t.F32 {
-				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-			}
-		default:
+		data := stepData(t)
+		if data == nil || t.Len() != n {
 			return nil, fmt.Errorf("input %q (%s%v) cannot be sent: only i32, i64 and f32 host tensors holding their data travel", name, t.DType, t.Shape)
+		}
+		var err error
+		if b, err = binary.Append(b, binary.LittleEndian, data); err != nil {
+			return nil, fmt.Errorf("input %q: %w", name, err)
 		}
 	}
 	return b, nil
+}
+
+// stepData is the storage of a host tensor of a dtype steps carry (i32, i64, f32), as
+// encoding/binary reads and writes it; nil for another dtype.
+func stepData(t *tensor.Tensor) any {
+	switch t.DType {
+	case tensor.I32:
+		return t.I32
+	case tensor.I64:
+		return t.I64
+	case tensor.F32:
+		return t.F32
+	}
+	return nil
 }
 
 // stepReader reads the fields of a payload in order; the first problem sticks.
@@ -208,34 +214,14 @@ func decodeStep(payload []byte) (stepMsg, error) {
 		if r.err != nil {
 			return m, r.err
 		}
-		t := &tensor.Tensor{DType: dt, Shape: shape}
-		switch dt {
-		case tensor.I32:
-			raw := r.take(4 * n)
-			t.I32 = make([]int32, n)
-			for i := range t.I32 {
-				if raw != nil {
-					t.I32[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
-				}
-			}
-		case tensor.I64:
-			raw := r.take(8 * n)
-			t.I64 = make([]int64, n)
-			for i := range t.I64 {
-				if raw != nil {
-					t.I64[i] = int64(binary.LittleEndian.Uint64(raw[8*i:]))
-				}
-			}
-		case tensor.F32:
-			raw := r.take(4 * n)
-			t.F32 = make([]float32, n)
-			for i := range t.F32 {
-				if raw != nil {
-					t.F32[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-				}
-			}
-		default:
+		if dt != tensor.I32 && dt != tensor.I64 && dt != tensor.F32 {
 			return m, fmt.Errorf("input %q has dtype %d, which steps do not carry", name, dt)
+		}
+		t := tensor.New(dt, shape...)
+		if raw := r.take(n * dt.Size()); raw != nil {
+			if _, err := binary.Decode(raw, binary.LittleEndian, stepData(t)); err != nil {
+				return m, fmt.Errorf("input %q: %w", name, err)
+			}
 		}
 		if r.err != nil {
 			return m, r.err
