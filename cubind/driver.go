@@ -176,6 +176,7 @@ func loadDriver() error {
 		b.bind(&fnGraphLaunch, "cuGraphLaunch")
 		b.bind(&fnGraphExecDestroy, "cuGraphExecDestroy")
 		b.bind(&fnGraphDestroy, "cuGraphDestroy")
+		bindPeer(b)
 		if err := b.err(); err != nil {
 			driverErrLoad = err
 			return

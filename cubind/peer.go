@@ -3,13 +3,11 @@ package cubind
 import (
 	"errors"
 	"fmt"
-	"sync"
 )
 
 // Peer access and CUDA IPC: what a custom all-reduce needs to read and write the memory of
 // other GPUs over NVLink, in this process (peer access between contexts) or in another
-// process (IPC memory handles). These are bound on first use from the driver library that
-// loadDriver opened, apart from the core bindings.
+// process (IPC memory handles). loadDriver binds them with the rest of the driver API.
 //
 // Loom never binds the multicast API (cuMulticast*): multicast objects can take a shared
 // host's GPUs out of service.
@@ -40,37 +38,27 @@ var (
 	fnStreamQuery          func(s uintptr) int32
 	fnDeviceGetPCIBusID    func(id *byte, n int32, d int32) int32
 	fnDeviceGetByPCIBusID  func(d *int32, id *byte) int32
-	peerOnce               sync.Once
-	peerErrLoad            error
 )
 
-// loadPeer binds the peer-access and IPC functions from the driver library, once.
-func loadPeer() error {
-	if err := loadDriver(); err != nil {
-		return err
+// bindPeer binds the peer-access and IPC functions; loadDriver calls it with the rest.
+func bindPeer(b *binder) {
+	b.bind(&fnDeviceCanAccessPeer, "cuDeviceCanAccessPeer")
+	b.bind(&fnCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
+	b.bind(&fnCtxDisablePeerAccess, "cuCtxDisablePeerAccess")
+	b.bind(&fnIpcGetMemHandle, "cuIpcGetMemHandle")
+	if !b.optional(&fnIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle") {
+		b.missing = append(b.missing, "cuIpcOpenMemHandle_v2")
 	}
-	peerOnce.Do(func() {
-		b := &binder{lib: driverLib}
-		b.bind(&fnDeviceCanAccessPeer, "cuDeviceCanAccessPeer")
-		b.bind(&fnCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
-		b.bind(&fnCtxDisablePeerAccess, "cuCtxDisablePeerAccess")
-		b.bind(&fnIpcGetMemHandle, "cuIpcGetMemHandle")
-		if !b.optional(&fnIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle") {
-			b.missing = append(b.missing, "cuIpcOpenMemHandle_v2")
-		}
-		b.bind(&fnIpcCloseMemHandle, "cuIpcCloseMemHandle")
-		b.bind(&fnStreamQuery, "cuStreamQuery")
-		b.bind(&fnDeviceGetPCIBusID, "cuDeviceGetPCIBusId")
-		b.bind(&fnDeviceGetByPCIBusID, "cuDeviceGetByPCIBusId")
-		peerErrLoad = b.err()
-	})
-	return peerErrLoad
+	b.bind(&fnIpcCloseMemHandle, "cuIpcCloseMemHandle")
+	b.bind(&fnStreamQuery, "cuStreamQuery")
+	b.bind(&fnDeviceGetPCIBusID, "cuDeviceGetPCIBusId")
+	b.bind(&fnDeviceGetByPCIBusID, "cuDeviceGetByPCIBusId")
 }
 
 // CanAccessPeer reports whether contexts on d can map the memory of GPU peer
 // (cuDeviceCanAccessPeer).
 func (d Device) CanAccessPeer(peer Device) (bool, error) {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return false, err
 	}
 	var can int32
@@ -83,7 +71,7 @@ func (d Device) CanAccessPeer(peer Device) (bool, error) {
 // PCIBusID returns the device's PCI bus id, such as "0000:19:00.0" (cuDeviceGetPCIBusId).
 // It names one GPU the same way in every process, whatever CUDA_VISIBLE_DEVICES says.
 func (d Device) PCIBusID() (string, error) {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return "", err
 	}
 	buf := make([]byte, 64)
@@ -96,7 +84,7 @@ func (d Device) PCIBusID() (string, error) {
 // DeviceByPCIBusID returns the device of a PCI bus id, if this process can see it
 // (cuDeviceGetByPCIBusId).
 func DeviceByPCIBusID(id string) (Device, error) {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return 0, err
 	}
 	var d int32
@@ -110,7 +98,7 @@ func DeviceByPCIBusID(id string) (Device, error) {
 // another GPU) (cuCtxEnablePeerAccess). Access is one-way: enable it from both sides for
 // two GPUs to reach each other. Enabling it again is not an error.
 func EnablePeerAccess(peer Context) error {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return err
 	}
 	rc := fnCtxEnablePeerAccess(uintptr(peer), 0)
@@ -123,7 +111,7 @@ func EnablePeerAccess(peer Context) error {
 // DisablePeerAccess undoes EnablePeerAccess for the current context
 // (cuCtxDisablePeerAccess).
 func DisablePeerAccess(peer Context) error {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return err
 	}
 	return driverErr("cuCtxDisablePeerAccess", fnCtxDisablePeerAccess(uintptr(peer)))
@@ -133,7 +121,7 @@ func DisablePeerAccess(peer Context) error {
 // (cuIpcGetMemHandle). The handle names the whole allocation: p should be its start, since
 // the importer gets the allocation's base address.
 func IPCGetMemHandle(p DevicePtr) (IPCMemHandle, error) {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return IPCMemHandle{}, err
 	}
 	var h IPCMemHandle
@@ -148,7 +136,7 @@ func IPCGetMemHandle(p DevicePtr) (IPCMemHandle, error) {
 // IPCMemLazyEnablePeerAccess. A process cannot open its own handles. Pair it with
 // CloseIPCMemHandle.
 func OpenIPCMemHandle(h IPCMemHandle, flags uint32) (DevicePtr, error) {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return 0, err
 	}
 	var p uint64
@@ -160,7 +148,7 @@ func OpenIPCMemHandle(h IPCMemHandle, flags uint32) (DevicePtr, error) {
 
 // CloseIPCMemHandle unmaps memory mapped by OpenIPCMemHandle (cuIpcCloseMemHandle).
 func CloseIPCMemHandle(p DevicePtr) error {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return err
 	}
 	return driverErr("cuIpcCloseMemHandle", fnIpcCloseMemHandle(uint64(p)))
@@ -169,7 +157,7 @@ func CloseIPCMemHandle(p DevicePtr) error {
 // Query reports whether all work queued on s has finished (cuStreamQuery), without
 // waiting. An error of the queued work is returned as an error.
 func (s Stream) Query() (bool, error) {
-	if err := loadPeer(); err != nil {
+	if err := loadDriver(); err != nil {
 		return false, err
 	}
 	rc := fnStreamQuery(uintptr(s))
