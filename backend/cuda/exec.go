@@ -556,6 +556,9 @@ type memPlan struct {
 	graph      cubind.GraphExec
 	graphArena cubind.DevicePtr
 	noGraph    bool
+	// vals is the run's tensor per slot at the arena valsArena (see Program.layout).
+	vals      []*Tensor
+	valsArena cubind.DevicePtr
 }
 
 // dropGraph destroys the plan's captured graph, if any.
@@ -760,19 +763,7 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 		}
 		p.arena = a
 	}
-	vals := make([]*Tensor, len(p.values))
-	for s := range p.values {
-		if p.fixed[s] != nil {
-			vals[s] = p.fixed[s]
-			continue
-		}
-		r := p.root[s]
-		off := pl.offsets[r]
-		if off < 0 {
-			continue // never used
-		}
-		vals[s] = &Tensor{DType: p.values[s].Type.DType, Shape: pl.shapes[s], ptr: p.arena.ptr + cubind.DevicePtr(off), dev: d}
-	}
+	vals := p.layout(pl)
 	for _, s := range p.inputs {
 		v := p.values[s]
 		if vals[s] == nil || p.fixed[s] != nil {
@@ -878,6 +869,29 @@ func (p *Program) stepArgs(pl *memPlan, vals []*Tensor, i int, in, out []*Tensor
 		out = append(out, &Tensor{DType: tensor.Bool, Shape: []int{int(w.size)}, ptr: p.arena.ptr + cubind.DevicePtr(w.off), dev: p.dev})
 	}
 	return in, out
+}
+
+// layout returns every value's device tensor (by slot) for a run of plan pl: fixed values,
+// and the others at their planned offsets in the arena. It is made once per plan and arena,
+// since the addresses are the same for every run of the plan.
+func (p *Program) layout(pl *memPlan) []*Tensor {
+	if pl.vals != nil && pl.valsArena == p.arena.ptr {
+		return pl.vals
+	}
+	vals := make([]*Tensor, len(p.values))
+	for s := range p.values {
+		if p.fixed[s] != nil {
+			vals[s] = p.fixed[s]
+			continue
+		}
+		off := pl.offsets[p.root[s]]
+		if off < 0 {
+			continue // never used
+		}
+		vals[s] = &Tensor{DType: p.values[s].Type.DType, Shape: pl.shapes[s], ptr: p.arena.ptr + cubind.DevicePtr(off), dev: p.dev}
+	}
+	pl.vals, pl.valsArena = vals, p.arena.ptr
+	return vals
 }
 
 // loadResident uploads each resident input on the first Run and checks later Runs pass the
