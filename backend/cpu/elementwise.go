@@ -59,36 +59,45 @@ func intPow(a, b int64) (int64, error) {
 	return r, nil
 }
 
-// broadcastOperands checks that the inputs broadcast to o's shape and returns their strides
-// in it.
-func broadcastOperands(in []*tensor.Tensor, o Out) ([][]int, error) {
+// broadcastArgs checks that n has nIn inputs and one output, and that the inputs broadcast
+// to the output's shape; it returns the output and the inputs' strides in it.
+func broadcastArgs(n *graph.Node, in []*tensor.Tensor, out []Out, nIn int) (Out, [][]int, error) {
+	if err := checkArgs(n, in, out, nIn, 1); err != nil {
+		return Out{}, nil, err
+	}
+	o := out[0]
 	shapes := make([][]int, len(in))
 	for i, t := range in {
 		shapes[i] = t.Shape
 	}
 	b, err := broadcastShapes(shapes...)
 	if err != nil {
-		return nil, err
+		return o, nil, err
 	}
 	if err := checkShape(b, o); err != nil {
-		return nil, err
+		return o, nil, err
 	}
 	st := make([][]int, len(in))
 	for i, t := range in {
 		if st[i], err = broadcastStrides(t.Shape, o.Shape); err != nil {
-			return nil, err
+			return o, nil, err
 		}
 	}
-	return st, nil
+	return o, st, nil
+}
+
+// unaryArgs checks that n has one input and one output of the input's shape, and returns
+// the output.
+func unaryArgs(n *graph.Node, in []*tensor.Tensor, out []Out) (Out, error) {
+	if err := checkArgs(n, in, out, 1, 1); err != nil {
+		return Out{}, err
+	}
+	return out[0], checkShape(in[0].Shape, out[0])
 }
 
 // binaryArith: add, sub, mul, div, pow, maximum, minimum. a[...] op b[...] -> out[broadcast].
 func binaryArith(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 2, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	st, err := broadcastOperands(in, o)
+	o, st, err := broadcastArgs(n, in, out, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -130,11 +139,7 @@ func binaryArith(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 // compare as int64; when either side is a float both compare as float64 (exact for every
 // float storage dtype).
 func compare(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 2, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	st, err := broadcastOperands(in, o)
+	o, st, err := broadcastArgs(n, in, out, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -194,11 +199,7 @@ func logical(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, e
 	if n.Op == "logical_not" {
 		nIn = 1
 	}
-	if err := checkArgs(n, in, out, nIn, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	st, err := broadcastOperands(in, o)
+	o, st, err := broadcastArgs(n, in, out, nIn)
 	if err != nil {
 		return nil, err
 	}
@@ -240,11 +241,8 @@ var unaryFloatOps = map[string]func(x float64) float64{
 // unaryFloat: exp, log, sqrt, rsqrt, reciprocal, sin, cos, tanh, sigmoid, silu.
 // x[...] -> out[...] in the output's float dtype.
 func unaryFloat(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 1, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	if err := checkShape(in[0].Shape, o); err != nil {
+	o, err := unaryArgs(n, in, out)
+	if err != nil {
 		return nil, err
 	}
 	f := unaryFloatOps[n.Op]
@@ -262,11 +260,8 @@ func unaryFloat(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 // unaryNumeric: neg, abs. x[...] -> out[...]; floats in float32, integers in int64 (wrapping:
 // neg and abs of the most negative value give it back).
 func unaryNumeric(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 1, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	if err := checkShape(in[0].Shape, o); err != nil {
+	o, err := unaryArgs(n, in, out)
+	if err != nil {
 		return nil, err
 	}
 	neg := n.Op == "neg"
@@ -299,11 +294,7 @@ func unaryNumeric(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tens
 // where: cond bool[...], a[...], b[...] -> out[broadcast of all three], cond ? a : b, values
 // converted to the output dtype.
 func where(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 3, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	st, err := broadcastOperands(in, o)
+	o, st, err := broadcastArgs(n, in, out, 3)
 	if err != nil {
 		return nil, err
 	}
@@ -311,40 +302,31 @@ func where(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, err
 	if err != nil {
 		return nil, err
 	}
-	zero := make([]int, 3)
-	size := tensor.Numel(o.Shape)
 	if o.DType.IsFloat() {
-		a, b := in[1].Float32s(), in[2].Float32s()
-		res := make([]float32, size)
-		walk(o.Shape, st, zero, func(i int, off []int) {
-			if cond[off[0]] {
-				res[i] = a[off[1]]
-			} else {
-				res[i] = b[off[2]]
-			}
-		})
-		return []*tensor.Tensor{fromF32(res, o)}, nil
+		return []*tensor.Tensor{fromF32(choose(o.Shape, st, cond, in[1].Float32s(), in[2].Float32s()), o)}, nil
 	}
-	a, b := int64s(in[1]), int64s(in[2])
-	res := make([]int64, size)
-	walk(o.Shape, st, zero, func(i int, off []int) {
+	return []*tensor.Tensor{fromI64(choose(o.Shape, st, cond, int64s(in[1]), int64s(in[2])), o)}, nil
+}
+
+// choose returns cond ? a : b for every element of shape, the three operands read at their
+// strides st in it.
+func choose[T any](shape []int, st [][]int, cond []bool, a, b []T) []T {
+	res := make([]T, tensor.Numel(shape))
+	walk(shape, st, make([]int, 3), func(i int, off []int) {
 		if cond[off[0]] {
 			res[i] = a[off[1]]
 		} else {
 			res[i] = b[off[2]]
 		}
 	})
-	return []*tensor.Tensor{fromI64(res, o)}, nil
+	return res
 }
 
 // cast: x[...] -> out[...] in attribute dtype, converted by tensor.Cast (floats round to
 // nearest even, floats to integers truncate toward zero, nonzero is true).
 func cast(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 1, 1); err != nil {
-		return nil, err
-	}
-	o := out[0]
-	if err := checkShape(in[0].Shape, o); err != nil {
+	o, err := unaryArgs(n, in, out)
+	if err != nil {
 		return nil, err
 	}
 	if dt := n.Attrs.DType("dtype"); dt != o.DType {
