@@ -1,9 +1,7 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
-	"slices"
 	"sync"
 
 	"github.com/loom-ml/loom/graph"
@@ -66,25 +64,11 @@ func widen(dst []float32, t *tensor.Tensor, off int) {
 // (or, for the last M%4 rows, four weight rows at a time). bf16 weights are widened inline
 // with a shift; f16 weights are widened one group at a time into a per-worker buffer.
 func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 2, 1); err != nil {
+	M, N, K, err := linearDims(n, in, out)
+	if err != nil {
 		return nil, err
 	}
 	x, w, o := in[0], in[1], out[0]
-	if len(w.Shape) != 2 || len(x.Shape) < 1 {
-		return nil, fmt.Errorf("linear needs x of rank >= 1 and a 2-D weight, got %v and %v", x.Shape, w.Shape)
-	}
-	if !x.DType.IsFloat() || !w.DType.IsFloat() || !o.DType.IsFloat() {
-		return nil, fmt.Errorf("linear needs float operands and result, got %s, %s -> %s", x.DType, w.DType, o.DType)
-	}
-	N, K := w.Shape[0], w.Shape[1]
-	rx := len(x.Shape)
-	if x.Shape[rx-1] != K {
-		return nil, fmt.Errorf("x's last dimension %d differs from the weight's input dimension %d", x.Shape[rx-1], K)
-	}
-	if err := checkShape(append(slices.Clone(x.Shape[:rx-1]), N), o); err != nil {
-		return nil, err
-	}
-	M := tensor.Numel(x.Shape[:rx-1])
 	res := make([]float32, M*N)
 	if M > 0 && N > 0 && K > 0 {
 		xs, buf := widenInto(x)

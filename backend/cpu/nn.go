@@ -50,25 +50,11 @@ const workChunk = 1 << 16
 // weight row is widened once into a per-goroutine buffer of K floats, so bf16 and f16 weights
 // are never copied whole.
 func linear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
-	if err := checkArgs(n, in, out, 2, 1); err != nil {
+	M, N, K, err := linearDims(n, in, out)
+	if err != nil {
 		return nil, err
 	}
 	x, w, o := in[0], in[1], out[0]
-	if len(w.Shape) != 2 || len(x.Shape) < 1 {
-		return nil, fmt.Errorf("linear needs x of rank >= 1 and a 2-D weight, got %v and %v", x.Shape, w.Shape)
-	}
-	if !x.DType.IsFloat() || !w.DType.IsFloat() || !o.DType.IsFloat() {
-		return nil, fmt.Errorf("linear needs float operands and result, got %s, %s -> %s", x.DType, w.DType, o.DType)
-	}
-	N, K := w.Shape[0], w.Shape[1]
-	rx := len(x.Shape)
-	if x.Shape[rx-1] != K {
-		return nil, fmt.Errorf("x's last dimension %d differs from the weight's input dimension %d", x.Shape[rx-1], K)
-	}
-	if err := checkShape(append(slices.Clone(x.Shape[:rx-1]), N), o); err != nil {
-		return nil, err
-	}
-	M := tensor.Numel(x.Shape[:rx-1])
 	res := make([]float32, M*N)
 	if M == 0 || N == 0 || K == 0 {
 		return []*tensor.Tensor{fromF32(res, o)}, nil
@@ -84,6 +70,30 @@ func linear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 		}
 	})
 	return []*tensor.Tensor{fromF32(res, o)}, nil
+}
+
+// linearDims checks linear's arguments, x[...,K] and w[N,K] of float dtypes to a float
+// out[...,N], and returns M (the number of rows of x), N and K.
+func linearDims(n *graph.Node, in []*tensor.Tensor, out []Out) (M, N, K int, err error) {
+	if err := checkArgs(n, in, out, 2, 1); err != nil {
+		return 0, 0, 0, err
+	}
+	x, w, o := in[0], in[1], out[0]
+	if len(w.Shape) != 2 || len(x.Shape) < 1 {
+		return 0, 0, 0, fmt.Errorf("linear needs x of rank >= 1 and a 2-D weight, got %v and %v", x.Shape, w.Shape)
+	}
+	if !x.DType.IsFloat() || !w.DType.IsFloat() || !o.DType.IsFloat() {
+		return 0, 0, 0, fmt.Errorf("linear needs float operands and result, got %s, %s -> %s", x.DType, w.DType, o.DType)
+	}
+	N, K = w.Shape[0], w.Shape[1]
+	rx := len(x.Shape)
+	if x.Shape[rx-1] != K {
+		return 0, 0, 0, fmt.Errorf("x's last dimension %d differs from the weight's input dimension %d", x.Shape[rx-1], K)
+	}
+	if err := checkShape(append(slices.Clone(x.Shape[:rx-1]), N), o); err != nil {
+		return 0, 0, 0, err
+	}
+	return tensor.Numel(x.Shape[:rx-1]), N, K, nil
 }
 
 // matmul: a[...,M,K] @ b[...,K,N] -> out[...,M,N]; the batch dimensions broadcast. Floats
