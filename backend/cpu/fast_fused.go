@@ -409,20 +409,7 @@ func attendRow(acc, qr, kh, vh []float32, idx []int, sc []float32, e []float64, 
 	for ; t < len(idx); t++ {
 		sc[t] = dot(qr, kh[idx[t]*D:(idx[t]+1)*D])
 	}
-	m := math.Inf(-1)
-	for t, s := range sc {
-		s = roundF32(sdt, s) * scale
-		sc[t] = s
-		m = max(m, float64(s))
-	}
-	var sum float64
-	for t, s := range sc {
-		e[t] = math.Exp(float64(s) - m)
-		sum += e[t]
-	}
-	for t := range sc {
-		sc[t] = roundF32(pdt, float32(e[t]/sum))
-	}
+	softmaxRow(sc, e, scale, sdt, pdt)
 	clear(acc)
 	t = 0
 	for ; t+4 <= len(idx); t += 4 {

@@ -118,16 +118,6 @@ func cacheRows(t *tensor.Tensor, D, o0, o1, o2, o3 int, buf []float32) (r0, r1, 
 	return
 }
 
-// cacheRow returns the cache row of t at flat offset off as float32 (widened into buf [D]
-// unless t is f32).
-func cacheRow(t *tensor.Tensor, D, off int, buf []float32) []float32 {
-	if t.DType == tensor.F32 {
-		return t.F32[off : off+D]
-	}
-	widen(buf[:D], t, off)
-	return buf[:D]
-}
-
 // scores sets sc[r*stride+j], for the hs query heads h0.. of token t, to the raw dot
 // product of the query row with the key row at offs[j], each summed in d order.
 func (a *pagedArgs) scores(sc, qs []float32, t, h0, hs int, offs []int, rows []float32) {
@@ -150,7 +140,7 @@ func (a *pagedArgs) scores(sc, qs []float32, t, h0, hs int, offs []int, rows []f
 		}
 	}
 	for ; j < len(offs); j++ {
-		kr := cacheRow(a.kc, D, offs[j], rows)
+		kr := rowF32(a.kc, offs[j], D, rows)
 		for r := range hs {
 			sc[r*stride+j] = dot(qs[((h0+r)*S+t)*D:((h0+r)*S+t+1)*D], kr)
 		}
@@ -209,7 +199,7 @@ func (a *pagedArgs) sumValues(acc, p []float32, stride, hs int, offs []int, rows
 		}
 	}
 	for ; j < len(offs); j++ {
-		vr := cacheRow(a.vc, D, offs[j], rows)
+		vr := rowF32(a.vc, offs[j], D, rows)
 		for r := range hs {
 			pj := p[r*stride+j]
 			ar := acc[r*D : (r+1)*D]

@@ -196,8 +196,8 @@ func (a *pagedArgs) attend(o Out) *tensor.Tensor {
 				p := lo + int64(j)
 				slot := int(row[p/int64(a.BS)])*a.BS + int(p%int64(a.BS))
 				off := (slot*a.KV + g) * a.D
-				pagedLoad(keys[j*a.D:(j+1)*a.D], a.kc, off)
-				pagedLoad(vals[j*a.D:(j+1)*a.D], a.vc, off)
+				widen(keys[j*a.D:(j+1)*a.D], a.kc, off)
+				widen(vals[j*a.D:(j+1)*a.D], a.vc, off)
 			}
 			for h := g * rep; h < (g+1)*rep; h++ {
 				qr := qs[(h*a.S+t)*a.D : (h*a.S+t+1)*a.D]
@@ -215,12 +215,7 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 	D := len(q)
 	m := math.Inf(-1)
 	for j := range scores {
-		kr := keys[j*D : (j+1)*D]
-		var s float32
-		for d, x := range q {
-			s += x * kr[d]
-		}
-		s = roundF32(sdt, s) * scale
+		s := roundF32(sdt, dot(q, keys[j*D:(j+1)*D])) * scale
 		scores[j] = s
 		m = max(m, float64(s))
 	}
@@ -235,22 +230,6 @@ func attendCached(acc, q, keys, vals, scores []float32, e []float64, scale float
 		vr := vals[j*D : (j+1)*D]
 		for d := range acc {
 			acc[d] += p * vr[d]
-		}
-	}
-}
-
-// pagedLoad reads len(dst) elements of the float tensor t from flat offset off.
-func pagedLoad(dst []float32, t *tensor.Tensor, off int) {
-	switch t.DType {
-	case tensor.F32:
-		copy(dst, t.F32[off:off+len(dst)])
-	case tensor.BF16:
-		for i := range dst {
-			dst[i] = tensor.BF16ToF32(t.Half[off+i])
-		}
-	case tensor.F16:
-		for i := range dst {
-			dst[i] = tensor.F16ToF32(t.Half[off+i])
 		}
 	}
 }
