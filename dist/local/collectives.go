@@ -44,6 +44,14 @@ func normAxis(axis, rank int, what string) (int, error) {
 	return a, nil
 }
 
+// checkSplit reports an error unless axis a (named what) of t splits evenly over g's ranks.
+func checkSplit(t *tensor.Tensor, a int, g dist.Group, what string) error {
+	if n := len(g.Ranks); n > 0 && t.Shape[a]%n != 0 {
+		return fmt.Errorf("%s %d of %v is not divisible by the group size %d", what, a, t.Shape, n)
+	}
+	return nil
+}
+
 // firstErr returns the first non-nil error.
 func firstErr(errs ...error) error {
 	for _, err := range errs {
@@ -157,8 +165,8 @@ func (c *Comm) ReduceScatter(ctx context.Context, g dist.Group, op dist.ReduceOp
 	if cl.err == nil {
 		cl.a, cl.err = normAxis(axis, len(t.Shape), "axis")
 	}
-	if cl.err == nil && len(g.Ranks) > 0 && t.Shape[cl.a]%len(g.Ranks) != 0 {
-		cl.err = fmt.Errorf("axis %d of %v is not divisible by the group size %d", cl.a, t.Shape, len(g.Ranks))
+	if cl.err == nil {
+		cl.err = checkSplit(t, cl.a, g, "axis")
 	}
 	s, err := c.enter(ctx, g, cl, nil)
 	if err != nil {
@@ -190,8 +198,8 @@ func (c *Comm) AllToAll(ctx context.Context, g dist.Group, t *tensor.Tensor, spl
 	if cl.err == nil {
 		cl.b, cl.err = normAxis(concatAxis, len(t.Shape), "concat_axis")
 	}
-	if cl.err == nil && len(g.Ranks) > 0 && t.Shape[cl.a]%len(g.Ranks) != 0 {
-		cl.err = fmt.Errorf("split_axis %d of %v is not divisible by the group size %d", cl.a, t.Shape, len(g.Ranks))
+	if cl.err == nil {
+		cl.err = checkSplit(t, cl.a, g, "split_axis")
 	}
 	s, err := c.enter(ctx, g, cl, nil)
 	if err != nil {
