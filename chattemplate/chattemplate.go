@@ -20,8 +20,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -229,53 +231,19 @@ func toValue(v any) jinja.Value {
 		}
 		return val
 	case []Message:
-		items := make([]jinja.Value, len(x))
-		for i, m := range x {
-			items[i] = messageValue(m)
-		}
-		return jinja.NewList(items)
+		return listValue(x, messageValue)
 	case Message:
 		return messageValue(x)
 	case []any:
-		items := make([]jinja.Value, len(x))
-		for i, it := range x {
-			items[i] = toValue(it)
-		}
-		return jinja.NewList(items)
+		return listValue(x, toValue)
 	case []string:
-		items := make([]jinja.Value, len(x))
-		for i, it := range x {
-			items[i] = jinja.NewString(it)
-		}
-		return jinja.NewList(items)
+		return listValue(x, jinja.NewString)
 	case []map[string]any:
-		items := make([]jinja.Value, len(x))
-		for i, it := range x {
-			items[i] = toValue(it)
-		}
-		return jinja.NewList(items)
+		return listValue(x, func(m map[string]any) jinja.Value { return toValue(m) })
 	case map[string]any:
-		d := jinja.NewDict()
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			d.AsDict().Set(k, toValue(x[k]))
-		}
-		return d
+		return dictValue(x, toValue)
 	case map[string]string:
-		d := jinja.NewDict()
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			d.AsDict().Set(k, jinja.NewString(x[k]))
-		}
-		return d
+		return dictValue(x, jinja.NewString)
 	case int:
 		return jinja.NewInt(int64(x))
 	case int32:
@@ -286,6 +254,25 @@ func toValue(v any) jinja.Value {
 		return jinja.NewFloat(float64(x))
 	}
 	return jinja.FromGoValue(v)
+}
+
+// listValue makes a Jinja list of xs, converting each item with conv.
+func listValue[T any](xs []T, conv func(T) jinja.Value) jinja.Value {
+	items := make([]jinja.Value, len(xs))
+	for i, x := range xs {
+		items[i] = conv(x)
+	}
+	return jinja.NewList(items)
+}
+
+// dictValue makes a Jinja dict of m with its keys in sorted order, converting each value
+// with conv.
+func dictValue[V any](m map[string]V, conv func(V) jinja.Value) jinja.Value {
+	d := jinja.NewDict()
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		d.AsDict().Set(k, conv(m[k]))
+	}
+	return d
 }
 
 // jsonValue decodes JSON keeping the order of object keys.

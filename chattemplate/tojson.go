@@ -88,22 +88,9 @@ func (e *jsonEncoder) encode(v jinja.Value, depth int) error {
 		writeJSONString(&e.b, v.AsString())
 	case v.IsList():
 		items := v.AsList().Items
-		if len(items) == 0 {
-			e.b.WriteString("[]")
-			return nil
-		}
-		e.b.WriteByte('[')
-		for i, it := range items {
-			if i > 0 {
-				e.b.WriteString(e.item)
-			}
-			e.newline(depth + 1)
-			if err := e.encode(it, depth+1); err != nil {
-				return err
-			}
-		}
-		e.newline(depth)
-		e.b.WriteByte(']')
+		return e.container('[', ']', len(items), depth, func(i int) error {
+			return e.encode(items[i], depth+1)
+		})
 	case v.IsDict():
 		d := v.AsDict()
 		keys := d.OrderedKeys()
@@ -111,28 +98,38 @@ func (e *jsonEncoder) encode(v jinja.Value, depth int) error {
 			keys = append([]string(nil), keys...)
 			sort.Strings(keys)
 		}
-		if len(keys) == 0 {
-			e.b.WriteString("{}")
-			return nil
-		}
-		e.b.WriteByte('{')
-		for i, k := range keys {
-			if i > 0 {
-				e.b.WriteString(e.item)
-			}
-			e.newline(depth + 1)
-			writeJSONString(&e.b, k)
+		return e.container('{', '}', len(keys), depth, func(i int) error {
+			writeJSONString(&e.b, keys[i])
 			e.b.WriteString(e.key)
-			val, _ := d.Get(k)
-			if err := e.encode(val, depth+1); err != nil {
-				return err
-			}
-		}
-		e.newline(depth)
-		e.b.WriteByte('}')
+			val, _ := d.Get(keys[i])
+			return e.encode(val, depth+1)
+		})
 	default:
 		return fmt.Errorf("tojson: cannot encode %s", v.String())
 	}
+	return nil
+}
+
+// container writes a list or an object of n items between left and right, one item at a
+// time by item(i), with the separator and (when indenting) one line each. An empty one is
+// written as left and right alone, as Python does.
+func (e *jsonEncoder) container(left, right byte, n, depth int, item func(i int) error) error {
+	e.b.WriteByte(left)
+	if n == 0 {
+		e.b.WriteByte(right)
+		return nil
+	}
+	for i := range n {
+		if i > 0 {
+			e.b.WriteString(e.item)
+		}
+		e.newline(depth + 1)
+		if err := item(i); err != nil {
+			return err
+		}
+	}
+	e.newline(depth)
+	e.b.WriteByte(right)
 	return nil
 }
 

@@ -58,8 +58,8 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		Type   string          `json:"type"`
 		Merges json.RawMessage `json:"merges"`
 	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+	if err := decodeAt(raw, "model", &head); err != nil {
+		return nil, err
 	}
 	if head.Type == "" && head.Merges != nil {
 		head.Type = "BPE" // files written by old versions of tokenizers omit the type
@@ -68,8 +68,8 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		return nil, fmt.Errorf("model: unsupported model type %q (only BPE is supported)", head.Type)
 	}
 	var cfg bpeConfig
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+	if err := decodeAt(raw, "model", &cfg); err != nil {
+		return nil, err
 	}
 	if cfg.Vocab == nil {
 		return nil, fmt.Errorf("model: missing vocab")

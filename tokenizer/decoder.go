@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -33,32 +34,14 @@ type decoderSpec interface {
 }
 
 func parseDecoder(raw json.RawMessage, where string) ([]decoderSpec, error) {
-	if isNull(raw) {
-		return nil, nil
+	typ, null, err := componentType(raw, where)
+	if null || err != nil {
+		return nil, err
 	}
-	var head struct {
-		Type string `json:"type"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	switch head.Type {
+	switch typ {
 	case "Sequence":
-		var cfg struct {
-			Decoders []json.RawMessage `json:"decoders"`
-		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
-		}
-		var all []decoderSpec
-		for i, r := range cfg.Decoders {
-			d, err := parseDecoder(r, fmt.Sprintf("%s.decoders[%d]", where, i))
-			if err != nil {
-				return nil, err
-			}
-			all = append(all, d...)
-		}
-		return all, nil
+		seq, err := parseSequence(raw, where, "decoders", parseDecoder)
+		return slices.Concat(seq...), err
 	case "ByteLevel":
 		return []decoderSpec{byteLevelDec{}}, nil
 	case "ByteFallback":
@@ -70,8 +53,8 @@ func parseDecoder(raw json.RawMessage, where string) ([]decoderSpec, error) {
 			Pattern json.RawMessage `json:"pattern"`
 			Content string          `json:"content"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		p, err := parsePattern(cfg.Pattern, where+".pattern")
 		if err != nil {
@@ -84,8 +67,8 @@ func parseDecoder(raw json.RawMessage, where string) ([]decoderSpec, error) {
 			Start   int    `json:"start"`
 			Stop    int    `json:"stop"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		r, n := utf8.DecodeRuneInString(cfg.Content)
 		if n == 0 || n != len(cfg.Content) || cfg.Start < 0 || cfg.Stop < 0 {
@@ -98,10 +81,8 @@ func parseDecoder(raw json.RawMessage, where string) ([]decoderSpec, error) {
 			return nil, err
 		}
 		return []decoderSpec{metaspaceDec{m}}, nil
-	case "":
-		return nil, fmt.Errorf("%s: missing \"type\"", where)
 	default:
-		return nil, fmt.Errorf("%s: unsupported decoder type %q", where, head.Type)
+		return nil, fmt.Errorf("%s: unsupported decoder type %q", where, typ)
 	}
 }
 

@@ -18,16 +18,11 @@ type normalizer interface {
 // parseNormalizer builds the normalizer described by raw; where names the JSON path for errors.
 // A null section gives a nil normalizer.
 func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
-	if isNull(raw) {
-		return nil, nil
+	typ, null, err := componentType(raw, where)
+	if null || err != nil {
+		return nil, err
 	}
-	var head struct {
-		Type string `json:"type"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	switch head.Type {
+	switch typ {
 	case "NFC":
 		return unicodeNorm{norm.NFC}, nil
 	case "NFD":
@@ -41,29 +36,17 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 	case "StripAccents":
 		return stripAccents{}, nil
 	case "Sequence":
-		var cfg struct {
-			Normalizers []json.RawMessage `json:"normalizers"`
+		seq, err := parseSequence(raw, where, "normalizers", parseNormalizer)
+		if err != nil {
+			return nil, err
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
-		}
-		var seq normalizerSeq
-		for i, r := range cfg.Normalizers {
-			n, err := parseNormalizer(r, fmt.Sprintf("%s.normalizers[%d]", where, i))
-			if err != nil {
-				return nil, err
-			}
-			if n != nil {
-				seq = append(seq, n)
-			}
-		}
-		return seq, nil
+		return normalizerSeq(seq), nil
 	case "Prepend":
 		var cfg struct {
 			Prepend string `json:"prepend"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		return prepend{cfg.Prepend}, nil
 	case "Replace":
@@ -71,8 +54,8 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 			Pattern json.RawMessage `json:"pattern"`
 			Content string          `json:"content"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		p, err := parsePattern(cfg.Pattern, where+".pattern")
 		if err != nil {
@@ -84,8 +67,8 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 			Left  bool `json:"strip_left"`
 			Right bool `json:"strip_right"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		return stripNorm(cfg), nil
 	case "BertNormalizer":
@@ -95,8 +78,8 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 			StripAccents       *bool `json:"strip_accents"`
 			Lowercase          bool  `json:"lowercase"`
 		}{CleanText: true, HandleChineseChars: true, Lowercase: true}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		b := bertNorm{clean: cfg.CleanText, chinese: cfg.HandleChineseChars, lower: cfg.Lowercase, accents: cfg.Lowercase}
 		if cfg.StripAccents != nil {
@@ -105,10 +88,8 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		return b, nil
 	case "ByteLevel":
 		return byteLevelNorm{}, nil
-	case "":
-		return nil, fmt.Errorf("%s: missing \"type\"", where)
 	default:
-		return nil, fmt.Errorf("%s: unsupported normalizer type %q", where, head.Type)
+		return nil, fmt.Errorf("%s: unsupported normalizer type %q", where, typ)
 	}
 }
 
@@ -247,8 +228,3 @@ func isCJK(r rune) bool {
 type byteLevelNorm struct{}
 
 func (byteLevelNorm) normalize(s string) (string, error) { return byteLevelEncode(s), nil }
-
-func isNull(raw json.RawMessage) bool {
-	t := strings.TrimSpace(string(raw))
-	return t == "" || t == "null"
-}

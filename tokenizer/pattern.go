@@ -58,8 +58,8 @@ func parsePattern(raw json.RawMessage, where string) (pattern, error) {
 		String *string `json:"String"`
 		Regex  *string `json:"Regex"`
 	}
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
+	if err := decodeAt(raw, where, &cfg); err != nil {
+		return nil, err
 	}
 	switch {
 	case cfg.String != nil:

@@ -45,45 +45,28 @@ type noopPost struct{}
 func (noopPost) process(ids []int) []int { return ids }
 
 func parsePostProcessor(raw json.RawMessage, where string) (postProcessor, error) {
-	if isNull(raw) {
-		return nil, nil
+	typ, null, err := componentType(raw, where)
+	if null || err != nil {
+		return nil, err
 	}
-	var head struct {
-		Type string `json:"type"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	switch head.Type {
+	switch typ {
 	case "TemplateProcessing":
 		return parseTemplate(raw, where)
 	case "ByteLevel":
 		return noopPost{}, nil
 	case "Sequence":
-		var cfg struct {
-			Processors []json.RawMessage `json:"processors"`
+		seq, err := parseSequence(raw, where, "processors", parsePostProcessor)
+		if err != nil {
+			return nil, err
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
-		}
-		var seq postSeq
-		for i, r := range cfg.Processors {
-			p, err := parsePostProcessor(r, fmt.Sprintf("%s.processors[%d]", where, i))
-			if err != nil {
-				return nil, err
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, nil
+		return postSeq(seq), nil
 	case "BertProcessing", "RobertaProcessing":
 		var cfg struct {
 			Sep []json.RawMessage `json:"sep"`
 			Cls []json.RawMessage `json:"cls"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		sep, err1 := tokenPairID(cfg.Sep)
 		cls, err2 := tokenPairID(cfg.Cls)
@@ -91,10 +74,8 @@ func parsePostProcessor(raw json.RawMessage, where string) (postProcessor, error
 			return nil, fmt.Errorf("%s: sep and cls must be [token, id] pairs", where)
 		}
 		return templateProcessing{items: [][]int{{cls}, nil, {sep}}}, nil
-	case "":
-		return nil, fmt.Errorf("%s: missing \"type\"", where)
 	default:
-		return nil, fmt.Errorf("%s: unsupported post-processor type %q", where, head.Type)
+		return nil, fmt.Errorf("%s: unsupported post-processor type %q", where, typ)
 	}
 }
 
@@ -116,8 +97,8 @@ func parseTemplate(raw json.RawMessage, where string) (postProcessor, error) {
 			IDs []int  `json:"ids"`
 		} `json:"special_tokens"`
 	}
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
+	if err := decodeAt(raw, where, &cfg); err != nil {
+		return nil, err
 	}
 	special := func(name string) ([]int, error) {
 		st, ok := cfg.SpecialTokens[name]
@@ -154,8 +135,8 @@ func parseTemplate(raw json.RawMessage, where string) (postProcessor, error) {
 			ID string `json:"id"`
 		} `json:"Sequence"`
 	}
-	if err := json.Unmarshal(cfg.Single, &items); err != nil {
-		return nil, fmt.Errorf("%s.single: %w", where, err)
+	if err := decodeAt(cfg.Single, where+".single", &items); err != nil {
+		return nil, err
 	}
 	for i, it := range items {
 		switch {

@@ -56,42 +56,25 @@ func parseBehavior(s, where string) (behavior, error) {
 }
 
 func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) {
-	if isNull(raw) {
-		return nil, nil
+	typ, null, err := componentType(raw, where)
+	if null || err != nil {
+		return nil, err
 	}
-	var head struct {
-		Type string `json:"type"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	switch head.Type {
+	switch typ {
 	case "Sequence":
-		var cfg struct {
-			PreTokenizers []json.RawMessage `json:"pretokenizers"`
+		seq, err := parseSequence(raw, where, "pretokenizers", parsePreTokenizer)
+		if err != nil {
+			return nil, err
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
-		}
-		var seq preTokenizerSeq
-		for i, r := range cfg.PreTokenizers {
-			p, err := parsePreTokenizer(r, fmt.Sprintf("%s.pretokenizers[%d]", where, i))
-			if err != nil {
-				return nil, err
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, nil
+		return preTokenizerSeq(seq), nil
 	case "Split":
 		var cfg struct {
 			Pattern  json.RawMessage `json:"pattern"`
 			Behavior string          `json:"behavior"`
 			Invert   bool            `json:"invert"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		pat, err := parsePattern(cfg.Pattern, where+".pattern")
 		if err != nil {
@@ -107,8 +90,8 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) 
 			AddPrefixSpace bool `json:"add_prefix_space"`
 			UseRegex       bool `json:"use_regex"`
 		}{AddPrefixSpace: true, UseRegex: true}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		return byteLevelPre{addPrefixSpace: cfg.AddPrefixSpace, useRegex: cfg.UseRegex}, nil
 	case "Metaspace":
@@ -121,8 +104,8 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) 
 		var cfg struct {
 			Individual bool `json:"individual_digits"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		b := contiguous
 		if cfg.Individual {
@@ -137,8 +120,8 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) 
 		cfg := struct {
 			Behavior string `json:"behavior"`
 		}{Behavior: "Isolated"}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		b, err := parseBehavior(cfg.Behavior, where+".behavior")
 		if err != nil {
@@ -151,18 +134,16 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) 
 		var cfg struct {
 			Delimiter string `json:"delimiter"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
 		}
 		d, n := utf8.DecodeRuneInString(cfg.Delimiter)
 		if n == 0 || n != len(cfg.Delimiter) {
 			return nil, fmt.Errorf("%s: delimiter must be one character, got %q", where, cfg.Delimiter)
 		}
 		return runeSplitPre{func(r rune) bool { return r == d }, removed}, nil
-	case "":
-		return nil, fmt.Errorf("%s: missing \"type\"", where)
 	default:
-		return nil, fmt.Errorf("%s: unsupported pre-tokenizer type %q", where, head.Type)
+		return nil, fmt.Errorf("%s: unsupported pre-tokenizer type %q", where, typ)
 	}
 }
 
@@ -453,8 +434,8 @@ func parseMetaspace(raw json.RawMessage, where string) (metaspace, error) {
 		AddPrefixSpace *bool   `json:"add_prefix_space"`
 		Split          *bool   `json:"split"`
 	}
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return metaspace{}, fmt.Errorf("%s: %w", where, err)
+	if err := decodeAt(raw, where, &cfg); err != nil {
+		return metaspace{}, err
 	}
 	r, n := utf8.DecodeRuneInString(cfg.Replacement)
 	if n == 0 || n != len(cfg.Replacement) {

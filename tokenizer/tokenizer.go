@@ -188,14 +188,14 @@ func (t *Tokenizer) applyConfig(data []byte) error {
 		}
 	}
 	if raw, ok := cfg["clean_up_tokenization_spaces"]; ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &t.cleanup); err != nil {
-			return fmt.Errorf("clean_up_tokenization_spaces: %w", err)
+		if err := decodeAt(raw, "clean_up_tokenization_spaces", &t.cleanup); err != nil {
+			return err
 		}
 	}
 	if raw, ok := cfg["added_tokens_decoder"]; ok && !isNull(raw) {
 		var dec map[string]AddedToken
-		if err := json.Unmarshal(raw, &dec); err != nil {
-			return fmt.Errorf("added_tokens_decoder: %w", err)
+		if err := decodeAt(raw, "added_tokens_decoder", &dec); err != nil {
+			return err
 		}
 		keys := make([]string, 0, len(dec))
 		for k := range dec {
