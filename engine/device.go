@@ -268,11 +268,7 @@ func loadCUDA(ctx context.Context, dir string, opts LoadOptions, proc *nccl.Env,
 		o.ExactF32Linear = act == tensor.F32
 		o.Graphs = opts.PagedCache && !opts.EagerCUDA
 		o.Profile = opts.ProfileCUDA
-		for _, in := range rg.Inputs {
-			if strings.HasPrefix(in.Name, "kv_cache.") {
-				o.Resident = append(o.Resident, in.Name)
-			}
-		}
+		o.Resident = cacheInputs(rg)
 		prog, err := cuda.Compile(ctx, cm.devs[i], rg, m.Checkpoint, o)
 		if err != nil {
 			return fail(fmt.Errorf("compile %s for CUDA (rank %d): %w", dir, r, err))
@@ -334,6 +330,15 @@ const (
 	cudaReserveBytes  = 4 << 30
 )
 
+// cudaCacheBytes is the default KV cache budget per GPU when the emptiest GPU has least
+// bytes free after the weights.
+func cudaCacheBytes(least uint64) (int64, error) {
+	if least <= cudaReserveBytes {
+		return 0, fmt.Errorf("engine: a GPU has %d MiB free after the weights, too little for a KV cache", least>>20)
+	}
+	return int64(float64(least-cudaReserveBytes) * cudaCacheFraction), nil
+}
+
 // NewCUDA starts an engine on a model LoadCUDA compiled with the cache stage on. The engine
 // must be closed before the model. The KV cache lives on the GPU only; when opts sets no
 // size for it (KVBlocks, KVCacheBytes), it takes cudaCacheFraction of the GPU memory still
@@ -354,12 +359,12 @@ func NewCUDA(ctx context.Context, m *CUDAModel, opts Options) (*Engine, error) {
 			}
 			least = min(least, free)
 		}
-		if least <= cudaReserveBytes {
-			return nil, fmt.Errorf("engine: a GPU has %d MiB free after the weights, too little for a KV cache", least>>20)
+		var err error
+		if opts.KVCacheBytes, err = cudaCacheBytes(least); err != nil {
+			return nil, err
 		}
-		opts.KVCacheBytes = int64(float64(least-cudaReserveBytes) * cudaCacheFraction)
 	}
-	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
+	info := modelInfo(m.Model)
 	ranks := []Rank{{Graph: m.Graph, Exe: m.Program}}
 	if len(m.Programs) > 1 {
 		ranks = make([]Rank, len(m.Programs))

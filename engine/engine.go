@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -143,8 +144,12 @@ func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
 	if m == nil || m.Model == nil {
 		return nil, errors.New("engine: no model")
 	}
-	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
-	return NewRanks(ctx, m.Ranks(), info, opts)
+	return NewRanks(ctx, m.Ranks(), modelInfo(m.Model), opts)
+}
+
+// modelInfo is what the engine needs to know of a checkpoint.
+func modelInfo(m *model.Model) ModelInfo {
+	return ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
 }
 
 // NewRanks starts an engine on the ranks of a deployment (one rank on one device). Every

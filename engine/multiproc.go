@@ -137,13 +137,12 @@ func (p *Process) NewEngine(ctx context.Context, opts Options) (*Engine, error) 
 		for _, rr := range p.followers {
 			least = min(least, rr.free)
 		}
-		if least <= cudaReserveBytes {
-			return nil, fmt.Errorf("engine: a GPU has %d MiB free after the weights, too little for a KV cache", least>>20)
+		if opts.KVCacheBytes, err = cudaCacheBytes(least); err != nil {
+			return nil, err
 		}
-		opts.KVCacheBytes = int64(float64(least-cudaReserveBytes) * cudaCacheFraction)
 	}
 	m := p.model
-	info := ModelInfo{Name: m.Dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
+	info := modelInfo(m.Model)
 	ranks := make([]Rank, len(exes))
 	for r, exe := range exes {
 		ranks[r] = Rank{Graph: m.Graphs[r], Exe: exe}
