@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"reflect"
 	"strings"
 )
 
@@ -43,22 +42,12 @@ func componentType(raw json.RawMessage, where string) (typ string, null bool, er
 	return head.Type, false, nil
 }
 
-// parseSequence reads the list of components under key of a "Sequence" component and parses
-// each with parse, as where.key[i]. Results that are nil interfaces (null components) are
-// dropped.
-func parseSequence[T any](raw json.RawMessage, where, key string, parse func(json.RawMessage, string) (T, error)) ([]T, error) {
-	// The list is read through a struct with the one field json:"key", so that key matching
-	// and error messages are those of encoding/json for a struct field.
-	cfg := reflect.New(reflect.StructOf([]reflect.StructField{{
-		Name: "Items",
-		Type: reflect.TypeFor[[]json.RawMessage](),
-		Tag:  reflect.StructTag(`json:"` + key + `"`),
-	}}))
-	if err := decodeAt(raw, where, cfg.Interface()); err != nil {
-		return nil, err
-	}
+// parseSequence parses the components of a "Sequence" component, read from its list under
+// key into items, each with parse as where.key[i]. Results that are nil interfaces (null
+// components) are dropped.
+func parseSequence[T any](items []json.RawMessage, where, key string, parse func(json.RawMessage, string) (T, error)) ([]T, error) {
 	var out []T
-	for i, r := range cfg.Elem().Field(0).Interface().([]json.RawMessage) {
+	for i, r := range items {
 		v, err := parse(r, fmt.Sprintf("%s.%s[%d]", where, key, i))
 		if err != nil {
 			return nil, err

@@ -40,7 +40,13 @@ func parseDecoder(raw json.RawMessage, where string) ([]decoderSpec, error) {
 	}
 	switch typ {
 	case "Sequence":
-		seq, err := parseSequence(raw, where, "decoders", parseDecoder)
+		var cfg struct {
+			Decoders []json.RawMessage `json:"decoders"`
+		}
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
+		}
+		seq, err := parseSequence(cfg.Decoders, where, "decoders", parseDecoder)
 		return slices.Concat(seq...), err
 	case "ByteLevel":
 		return []decoderSpec{byteLevelDec{}}, nil

@@ -36,7 +36,13 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 	case "StripAccents":
 		return stripAccents{}, nil
 	case "Sequence":
-		seq, err := parseSequence(raw, where, "normalizers", parseNormalizer)
+		var cfg struct {
+			Normalizers []json.RawMessage `json:"normalizers"`
+		}
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
+		}
+		seq, err := parseSequence(cfg.Normalizers, where, "normalizers", parseNormalizer)
 		if err != nil {
 			return nil, err
 		}

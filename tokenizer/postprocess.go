@@ -55,7 +55,13 @@ func parsePostProcessor(raw json.RawMessage, where string) (postProcessor, error
 	case "ByteLevel":
 		return noopPost{}, nil
 	case "Sequence":
-		seq, err := parseSequence(raw, where, "processors", parsePostProcessor)
+		var cfg struct {
+			Processors []json.RawMessage `json:"processors"`
+		}
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
+		}
+		seq, err := parseSequence(cfg.Processors, where, "processors", parsePostProcessor)
 		if err != nil {
 			return nil, err
 		}

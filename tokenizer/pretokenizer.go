@@ -62,7 +62,13 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, error) 
 	}
 	switch typ {
 	case "Sequence":
-		seq, err := parseSequence(raw, where, "pretokenizers", parsePreTokenizer)
+		var cfg struct {
+			PreTokenizers []json.RawMessage `json:"pretokenizers"`
+		}
+		if err := decodeAt(raw, where, &cfg); err != nil {
+			return nil, err
+		}
+		seq, err := parseSequence(cfg.PreTokenizers, where, "pretokenizers", parsePreTokenizer)
 		if err != nil {
 			return nil, err
 		}
