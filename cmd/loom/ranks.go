@@ -108,11 +108,5 @@ func (e *engineFlags) startRank(cmd *cobra.Command, dir string, env nccl.Env, op
 		m.Close()
 		return nil, nil, nil, err
 	}
-	done := func() error {
-		if e.cudaProfile {
-			printProfile(cmd.ErrOrStderr(), m.Program.Profile())
-		}
-		return errors.Join(p.Close(), m.Close())
-	}
-	return m.Model, eng, done, nil
+	return m.Model, eng, e.closer(cmd, m.Program, func() error { return errors.Join(p.Close(), m.Close()) }), nil
 }

@@ -96,14 +96,7 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 			m.Close()
 			return nil, nil, nil, err
 		}
-		done := m.Close
-		if e.cudaProfile {
-			done = func() error {
-				printProfile(cmd.ErrOrStderr(), m.Program.Profile())
-				return m.Close()
-			}
-		}
-		return m.Model, eng, done, nil
+		return m.Model, eng, e.closer(cmd, m.Program, m.Close), nil
 	}
 	m, err := loadWithProgress(cmd, dir, opts)
 	if err != nil {
@@ -115,6 +108,17 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 		return nil, nil, nil, err
 	}
 	return m.Model, eng, m.Close, nil
+}
+
+// closer returns close, preceded with --cuda-profile by printing prog's profile.
+func (e *engineFlags) closer(cmd *cobra.Command, prog *cuda.Program, close func() error) func() error {
+	if !e.cudaProfile {
+		return close
+	}
+	return func() error {
+		printProfile(cmd.ErrOrStderr(), prog.Profile())
+		return close()
+	}
 }
 
 // printProfile writes the GPU time per op as a table, most time first.
