@@ -34,6 +34,29 @@ struct BF16 {
   static __device__ __forceinline__ float round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 };
 
+// rope_cos_sin gives the rotary cos and sin at position p and inverse frequency f as the
+// decomposition computes them: the angle f32(p) * f in f32, cos and sin in double rounded
+// to f32, times scaling when scaled (the caller rounds them to the table dtype).
+__device__ __forceinline__ void rope_cos_sin(float p, float f, float scaling, int scaled, float* c, float* s) {
+  double sd, cd;
+  sincos((double)(p * f), &sd, &cd);
+  *c = (float)cd;
+  *s = (float)sd;
+  if (scaled) {
+    *c *= scaling;
+    *s *= scaling;
+  }
+}
+
+// rope_store rotates the pair (x1, x2) of a row by (c, s) and stores it at out[i] and
+// out[i + half], rounding as the decomposition does: y1 = r(r(x1*c) + r(-x2*s)),
+// y2 = r(r(x2*c) + r(x1*s)).
+template <class X>
+__device__ __forceinline__ void rope_store(typename X::T* out, i64 i, i64 half, float x1, float x2, float c, float s) {
+  X::store(out, i, X::round(X::round(x1 * c) + X::round(-x2 * s)));
+  X::store(out, i + half, X::round(X::round(x2 * c) + X::round(x1 * s)));
+}
+
 // Promote<A, B>::type is the dtype of a binary op's result: bf16 only when both are bf16.
 template <class A, class B> struct Promote { typedef F32 type; };
 template <> struct Promote<BF16, BF16> { typedef BF16 type; };

@@ -18,14 +18,8 @@ __device__ __forceinline__ void qkv_rope_impl(typename X::T* q, typename X::T* k
   i64 row = blockIdx.x;
   float p = (float)pos[row];
   for (int f = threadIdx.x; f < half; f += blockDim.x) {
-    float a = p * inv_freq[f];
-    double sd, cd;
-    sincos((double)a, &sd, &cd);
-    float c = (float)cd, sn = (float)sd;
-    if (scaled) {
-      c *= scaling;
-      sn *= scaling;
-    }
+    float c, sn;
+    rope_cos_sin(p, inv_freq[f], scaling, scaled, &c, &sn);
     tab[f] = X::round(c);
     tab[half + f] = X::round(sn);
   }
@@ -47,9 +41,7 @@ __device__ __forceinline__ void qkv_rope_impl(typename X::T* q, typename X::T* k
       }
       i64 dst = ((b * nh + hh) * S + s) * D;
       float x1 = X::load(xr, (i64)h * D + f), x2 = X::load(xr, (i64)h * D + half + f);
-      float c = tab[f], sn = tab[half + f];
-      X::store(out, dst + f, X::round(X::round(x1 * c) + X::round(-x2 * sn)));
-      X::store(out, dst + half + f, X::round(X::round(x2 * c) + X::round(x1 * sn)));
+      rope_store<X>(out, dst + f, half, x1, x2, tab[f], tab[half + f]);
     } else {
       int j = i - rot, hh = j / D, d = j % D;
       v[((b * KV + hh) * S + s) * D + d] = xr[(i64)(H + KV) * D + j];

@@ -13,20 +13,13 @@ __device__ __forceinline__ void rope_impl(typename X::T* out, const typename X::
   i64 row = i / half;
   int s = (int)(row % S);
   i64 b = row / ((i64)heads * S);
-  float a = (float)pos[b * S + s] * inv_freq[f];
-  double sd, cd;
-  sincos((double)a, &sd, &cd);
-  float c = (float)cd, sn = (float)sd;
-  if (scaled) {
-    c *= scaling;
-    sn *= scaling;
-  }
+  float c, sn;
+  rope_cos_sin((float)pos[b * S + s], inv_freq[f], scaling, scaled, &c, &sn);
   c = T::round(c);
   sn = T::round(sn);
   i64 base = row * (2 * (i64)half);
   float x1 = X::load(x, base + f), x2 = X::load(x, base + half + f);
-  X::store(out, base + f, X::round(X::round(x1 * c) + X::round(-x2 * sn)));
-  X::store(out, base + half + f, X::round(X::round(x2 * c) + X::round(x1 * sn)));
+  rope_store<X>(out, base + f, half, x1, x2, c, sn);
 }
 
 #define ROPE(NAME, X, TAB, P)                                                                                        \
