@@ -318,6 +318,25 @@ __device__ int select_row(const Src& src, const Row& r, const SampleParams& p, i
   return tok;
 }
 
+// warp_max_sum_argmax merges, over a warp, each lane's running max m, sum s of
+// exp2((x - m) * c) and argmax am (-1: none yet; ties to the lowest index), leaving the
+// warp's in every lane.
+__device__ __forceinline__ void warp_max_sum_argmax(float& m, float& s, int& am, float c) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(FULL_MASK, m, o), os = __shfl_xor_sync(FULL_MASK, s, o);
+    const int oi = __shfl_xor_sync(FULL_MASK, am, o);
+    if (oi >= 0 && (am < 0 || om > m || (om == m && oi < am))) {
+      s = (am < 0 || om == -LOOM_INF) ? os : os + s * exp2f((m - om) * c);
+      m = om;
+      am = oi;
+    } else if (oi >= 0) {
+      s += (m == -LOOM_INF) ? os : os * exp2f((om - m) * c);
+    }
+  }
+}
+
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     sample_rows(int* ids, const float* logits, const SampleParams* params, uint2* ws, int V, int cap) {
   __shared__ SampleShared sh;
@@ -355,18 +374,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     }
   }
   // Block reduce (max, sum, argmax).
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float om = __shfl_xor_sync(FULL_MASK, m, o), os = __shfl_xor_sync(FULL_MASK, s, o);
-    const int oi = __shfl_xor_sync(FULL_MASK, am, o);
-    if (oi >= 0 && (am < 0 || om > m || (om == m && oi < am))) {
-      s = (am < 0 || om == -LOOM_INF) ? os : os + s * exp2f((m - om) * c);
-      m = om;
-      am = oi;
-    } else if (oi >= 0) {
-      s += (m == -LOOM_INF) ? os : os * exp2f((om - m) * c);
-    }
-  }
+  warp_max_sum_argmax(m, s, am, c);
   if (lane == 0) {
     sh.redf[warp][0] = m;
     sh.redf[warp][1] = s;
@@ -377,18 +385,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     m = lane < SAMPLE_WARPS ? sh.redf[lane][0] : -LOOM_INF;
     s = lane < SAMPLE_WARPS ? sh.redf[lane][1] : 0.0f;
     am = lane < SAMPLE_WARPS ? sh.redi[lane] : -1;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float om = __shfl_xor_sync(FULL_MASK, m, o), os = __shfl_xor_sync(FULL_MASK, s, o);
-      const int oi = __shfl_xor_sync(FULL_MASK, am, o);
-      if (oi >= 0 && (am < 0 || om > m || (om == m && oi < am))) {
-        s = (am < 0 || om == -LOOM_INF) ? os : os + s * exp2f((m - om) * c);
-        m = om;
-        am = oi;
-      } else if (oi >= 0) {
-        s += (m == -LOOM_INF) ? os : os * exp2f((om - m) * c);
-      }
-    }
+    warp_max_sum_argmax(m, s, am, c);
     if (lane == 0) {
       sh.redf[0][0] = m;
       sh.redf[0][1] = s;
