@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // withGPU skips the test when no GPU is usable, else locks the goroutine to its thread and
@@ -432,4 +433,109 @@ func putU32(b []byte, v uint32) {
 func putU64(b []byte, v uint64) {
 	putU32(b, uint32(v))
 	putU32(b[4:], uint32(v>>32))
+}
+
+// The C layouts cuLaunchKernelEx reads: CUlaunchConfig is 56 bytes with the stream at 32,
+// the attributes at 40 and their count at 48; CUlaunchAttribute is 72 bytes with the value
+// at 8.
+func TestLaunchConfigLayout(t *testing.T) {
+	var c launchConfig
+	var a launchAttribute
+	for _, tc := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"sizeof(CUlaunchConfig)", unsafe.Sizeof(c), 56},
+		{"offsetof(hStream)", unsafe.Offsetof(c.stream), 32},
+		{"offsetof(attrs)", unsafe.Offsetof(c.attrs), 40},
+		{"offsetof(numAttrs)", unsafe.Offsetof(c.numAttrs), 48},
+		{"sizeof(CUlaunchAttribute)", unsafe.Sizeof(a), 72},
+		{"offsetof(value)", unsafe.Offsetof(a.value), 8},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %d, want %d", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+const pdlKernel = `
+extern "C" __global__ void pdl_incr(int* x, int n) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1;
+}
+`
+
+// A chain of programmatic dependent launches, each reading what the one before wrote,
+// eagerly and captured in a CUDA graph, counts exactly: each kernel's wait orders it after
+// the previous kernel although it may start early.
+func TestLaunchKernelPDL(t *testing.T) {
+	d := withGPU(t)
+	if ma, _, _ := d.ComputeCapability(); ma < 9 {
+		t.Skipf("programmatic dependent launch needs compute capability 9.0, the GPU has %d.x", ma)
+	}
+	if !HasPDL() {
+		t.Fatal("the driver has no cuLaunchKernelEx")
+	}
+	m := compileTest(t, d, pdlKernel)
+	f, err := m.Function("pdl_incr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := StreamCreate(StreamNonBlocking)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const n, chain = 1 << 22, 50
+	x, _ := MemAlloc(4 * n)
+	defer MemFree(x)
+	if err := MemsetD32Async(x, 0, n, s); err != nil {
+		t.Fatal(err)
+	}
+	var args Args
+	args.Ptr(x).I32(n)
+	launchChain := func() error {
+		for range chain {
+			if err := LaunchKernelPDL(f, Dim3{n / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, &args); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := launchChain(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.BeginCapture(CaptureModeThreadLocal); err != nil {
+		t.Fatal(err)
+	}
+	err = launchChain()
+	g, endErr := s.EndCapture()
+	if err != nil || endErr != nil {
+		t.Fatal(err, endErr)
+	}
+	defer g.Destroy()
+	exe, err := g.Instantiate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Destroy()
+	for range 3 {
+		if err := exe.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]int32, n)
+	if err := MemcpyDtoHAsync(got, x, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != 4*chain {
+			t.Fatalf("x[%d] = %d after 4 chains of %d increments, want %d", i, v, chain, 4*chain)
+		}
+	}
 }

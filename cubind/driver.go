@@ -168,6 +168,7 @@ func loadDriver() error {
 		b.bind(&fnFuncSetAttribute, "cuFuncSetAttribute")
 		b.bind(&fnFuncGetAttribute, "cuFuncGetAttribute")
 		b.bind(&fnLaunchKernel, "cuLaunchKernel")
+		b.optional(&fnLaunchKernelEx, "cuLaunchKernelEx") // CUDA 12.0 and later: LaunchKernelPDL
 		if !b.optional(&fnStreamBeginCapture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture") {
 			b.missing = append(b.missing, "cuStreamBeginCapture_v2")
 		}

@@ -40,6 +40,8 @@ type Device struct {
 	capturing bool
 	// blasWork is cuBLAS's workspace, set explicitly so that GEMMs can be captured.
 	blasWork *block
+	// pdl: launch the kernels of pdlFiles with programmatic dependent launch (usePDL).
+	pdl bool
 }
 
 // DeviceInfo describes a device.
@@ -58,11 +60,16 @@ type DeviceInfo struct {
 	DriverLibrary   string
 	NVRTCLibrary    string
 	CublasLibraries [2]string
+	PDL             bool // kernels of pdlFiles use programmatic dependent launch
 }
 
 func (i DeviceInfo) String() string {
-	return fmt.Sprintf("GPU %d %s (%s, %d SMs, %.0f GiB), driver CUDA %d.%d, NVRTC %s, cuBLAS %d",
-		i.Ordinal, i.Name, i.Arch, i.SMs, float64(i.TotalMem)/(1<<30), i.DriverVersion/1000, i.DriverVersion%1000/10, i.NVRTC, i.CublasVersion)
+	pdl := ""
+	if i.PDL {
+		pdl = ", programmatic dependent launch"
+	}
+	return fmt.Sprintf("GPU %d %s (%s, %d SMs, %.0f GiB), driver CUDA %d.%d, NVRTC %s, cuBLAS %d%s",
+		i.Ordinal, i.Name, i.Arch, i.SMs, float64(i.TotalMem)/(1<<30), i.DriverVersion/1000, i.DriverVersion%1000/10, i.NVRTC, i.CublasVersion, pdl)
 }
 
 // Open prepares GPU ordinal for use. It fails, naming what is missing, when the driver,
@@ -79,6 +86,8 @@ func Open(ordinal int) (*Device, error) {
 	if err := d.describe(); err != nil {
 		return nil, fmt.Errorf("cuda: open GPU %d: %w", ordinal, err)
 	}
+	d.pdl = usePDL(d.info.Major, cubind.HasPDL())
+	d.info.PDL = d.pdl
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if d.ctx, err = dev.PrimaryCtxRetain(); err != nil {
@@ -300,7 +309,11 @@ func (d *Device) launchX(file, extra, name string, grid, block cubind.Dim3, shar
 	}
 	d.args.Reset()
 	args(&d.args)
-	if err := cubind.LaunchKernel(f, grid, block, shared, d.stream, &d.args); err != nil {
+	launch := cubind.LaunchKernel
+	if d.pdl && pdlFiles[file] {
+		launch = cubind.LaunchKernelPDL
+	}
+	if err := launch(f, grid, block, shared, d.stream, &d.args); err != nil {
 		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
 	return nil

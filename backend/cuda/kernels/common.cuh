@@ -121,3 +121,28 @@ __device__ __forceinline__ void strided_offsets(const Strided& p, i64 i, i64* so
   *so = s;
   *dof = d;
 }
+
+// Programmatic dependent launch (sm_90+; see cubind.LaunchKernelPDL). backend/cuda
+// launches the kernels of the files listed in pdlFiles (pdl.go) so that they may start
+// while the previous kernel on the stream is still running. Every kernel of such a file
+// calls pdl_wait before it reads or writes memory that another kernel writes or reads:
+// the wait returns when the previous kernel has completed and its writes are visible
+// (immediately when the kernel was launched without PDL). pdl_trigger lets the next kernel
+// start early; kernels call it right after their wait, so that at most two kernels of a
+// stream are resident at once. pdl_begin does both.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
+}

@@ -4,6 +4,7 @@
 
 template <class T, class O, class I>
 __device__ __forceinline__ void embedding_impl(typename O::T* out, const typename T::T* table, const I* ids, int V, int D, int* err) {
+  pdl_begin();
   i64 row = blockIdx.x;
   i64 id = (i64)ids[row];
   i64 dst = row * D;

@@ -83,7 +83,7 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
                                           const bf16* __restrict__ w, int N, int K) {
   const int lane = threadIdx.x & 31;
   const i64 n0 = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-  if (n0 >= N) return;
+  if (n0 >= N) return;  // touches no memory
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -95,12 +95,22 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
 
   const int K8 = K >> 3;  // 16-byte chunks per row
   const int full = K8 / (32 * U) * (32 * U);
-  for (int c0 = 0; c0 < full; c0 += 32 * U) {
-    uint4 wv[U][R];
+  // The first weights are constant: they load while the previous kernel finishes (PDL).
+  uint4 wv[U][R];
+  if (full > 0) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + c0 + 32 * u + lane);
+      for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + 32 * u + lane);
+  }
+  pdl_begin();
+  for (int c0 = 0; c0 < full; c0 += 32 * U) {
+    if (c0 > 0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + c0 + 32 * u + lane);
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) gemv_fma8<M, R, X>(acc, wv[u], x, K, (i64)(c0 + 32 * u + lane) * 8);
   }

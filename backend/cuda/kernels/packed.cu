@@ -14,6 +14,7 @@ template <class X, class P>
 __device__ __forceinline__ void qkv_rope_impl(typename X::T* q, typename X::T* k, typename X::T* v,
                                               const typename X::T* x, const P* pos, const float* inv_freq, int H,
                                               int KV, int S, int half, float scaling, int scaled, int span) {
+  pdl_begin();
   extern __shared__ float tab[];  // cos [half], then sin [half]
   i64 row = blockIdx.x;
   float p = (float)pos[row];
@@ -64,6 +65,7 @@ QKV_ROPE(qkv_rope_bf16_i64, BF16, i64)
 // outputs.
 template <class X>
 __device__ __forceinline__ void swiglu_packed_impl(typename X::T* out, const typename X::T* x, i64 I, i64 n) {
+  pdl_begin();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     i64 r = i / I, j = i % I;
     float g = X::load(x, 2 * r * I + j);

@@ -7,6 +7,7 @@
 template <class X, class T, class P>
 __device__ __forceinline__ void rope_impl(typename X::T* out, const typename X::T* x, const P* pos, const float* inv_freq,
                                           int heads, int S, int half, float scaling, int scaled, i64 total) {
+  pdl_begin();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   int f = (int)(i % half);

@@ -1,0 +1,80 @@
+package cubind
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Programmatic dependent launch (PDL, compute capability 9.0 and later): a kernel launched
+// with LaunchKernelPDL may start while the kernel before it on the stream is still
+// running, once every block of that kernel has executed griddepcontrol.launch_dependents
+// (or exited). The kernel must execute griddepcontrol.wait before it reads anything the
+// previous kernel writes or writes anything it reads: the wait returns when the previous
+// kernel has completed and its memory is visible. Work before the wait (address
+// arithmetic, loads of constant weights) overlaps the previous kernel's tail. Captured in
+// a CUDA graph, the launch becomes a programmatic edge.
+
+// launchAttrProgrammaticStreamSerialization is CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+const launchAttrProgrammaticStreamSerialization = 6
+
+// launchAttribute is CUlaunchAttribute: a 4-byte id, 4 bytes of padding, a 64-byte value
+// union whose first 4 bytes hold programmaticStreamSerializationAllowed.
+type launchAttribute struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+// launchConfig is CUlaunchConfig.
+type launchConfig struct {
+	gridX, gridY, gridZ    uint32
+	blockX, blockY, blockZ uint32
+	sharedMem              uint32
+	_                      uint32
+	stream                 uintptr
+	attrs                  *launchAttribute
+	numAttrs               uint32
+	_                      uint32
+}
+
+var fnLaunchKernelEx func(cfg *launchConfig, f uintptr, params, extra unsafe.Pointer) int32
+
+// HasPDL reports whether the driver has cuLaunchKernelEx, which LaunchKernelPDL needs.
+func HasPDL() bool {
+	return loadDriver() == nil && fnLaunchKernelEx != nil
+}
+
+// LaunchKernelPDL is LaunchKernel with programmatic stream serialization allowed (see the
+// comment above): f must wait (griddepcontrol.wait) before it touches memory the previous
+// kernel on s uses. Without cuLaunchKernelEx in the driver it returns an error.
+func LaunchKernelPDL(f Function, grid, block Dim3, sharedMem int, s Stream, args *Args) error {
+	if err := loadDriver(); err != nil {
+		return err
+	}
+	if fnLaunchKernelEx == nil {
+		return fmt.Errorf("cuLaunchKernelEx: not in the driver library %s", driverLib.Path)
+	}
+	var params unsafe.Pointer
+	if args != nil {
+		var err error
+		if params, err = args.params(); err != nil {
+			return fmt.Errorf("cuLaunchKernelEx: %w", err)
+		}
+	}
+	attr := &launchAttribute{id: launchAttrProgrammaticStreamSerialization}
+	attr.value[0] = 1
+	cfg := &launchConfig{
+		gridX: uint32(grid.X), gridY: uint32(grid.Y), gridZ: uint32(grid.Z),
+		blockX: uint32(block.X), blockY: uint32(block.Y), blockZ: uint32(block.Z),
+		sharedMem: uint32(sharedMem), stream: uintptr(s), attrs: attr, numAttrs: 1,
+	}
+	rc := fnLaunchKernelEx(cfg, uintptr(f), params, nil)
+	runtime.KeepAlive(args)
+	runtime.KeepAlive(cfg)
+	runtime.KeepAlive(attr)
+	if rc != 0 {
+		return fmt.Errorf("grid %v block %v shared %d: %w", grid, block, sharedMem, driverErr("cuLaunchKernelEx", rc))
+	}
+	return nil
+}
