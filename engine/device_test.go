@@ -202,8 +202,9 @@ func TestCUDAEngineMatchesCPU(t *testing.T) {
 
 // Tensor parallelism on GPUs: the tp=2 CUDA engine (NCCL communicators in this process, the
 // one-shot peer kernel for small all-reduces, CUDA graphs capturing both) gives Hugging
-// Face's greedy tokens up to the first near tie: with f32 activations as the CPU does (ties
-// closer than lowMargin), with bf16 ones up to ties closer than bf16Margin.
+// Face's greedy tokens up to the first near tie, with f32 activations as the CPU does. bf16
+// activations part from f32 greedy runs at gaps of up to ~0.8 on these fixtures; their
+// logits are bounded teacher-forced by TestCUDABF16LogitError instead.
 func TestCUDAEngineTP2(t *testing.T) {
 	needGPUs(t, 2)
 	mesh, err := dist.ParseMesh("tp=2")
@@ -211,50 +212,80 @@ func TestCUDAEngineTP2(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"tiny-llama", "tiny-qwen2", "tiny-gqa6"} {
-		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
-			t.Run(name+"/"+act.String(), func(t *testing.T) {
-				dir := filepath.Join("..", "testdata", name)
-				m, err := LoadCUDA(context.Background(), dir, LoadOptions{Optimize: true, PagedCache: true, Mesh: mesh, ActivationDType: act})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer m.Close()
-				e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				ref := loadReference(t, dir)
-				var reqs []Request
-				for _, p := range ref.Prompts {
-					reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
-				}
-				got := generateAll(t, e, reqs)
-				for i, p := range ref.Prompts {
-					margins := p.GreedyMargins
-					if act == tensor.BF16 {
-						margins = widenTies(margins, bf16Margin)
-					}
-					checkGreedy(t, got[i], p.GreedyNewIDs, margins)
-				}
-			})
-		}
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "testdata", name)
+			m, err := LoadCUDA(context.Background(), dir, LoadOptions{Optimize: true, PagedCache: true, Mesh: mesh, ActivationDType: tensor.F32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ref := loadReference(t, dir)
+			var reqs []Request
+			for _, p := range ref.Prompts {
+				reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
+			}
+			got := generateAll(t, e, reqs)
+			for i, p := range ref.Prompts {
+				checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
+			}
+		})
 	}
 }
 
-// bf16Margin is the closest top-two logit gap that bf16 activations still order as f32
-// does on the fixtures. Their logits are off by up to about 0.1 at tp=1
-// (backend/cuda's TestProgramFixtures), and tp=2 rounds each rank's partial sums to bf16
-// before the all-reduce: greedy runs on the H200 parted from f32 at gaps of 0.36 and 0.42.
-const bf16Margin = 0.5
-
-// widenTies marks as near ties (below lowMargin, see checkGreedy) the margins below m.
-func widenTies(margins []float64, m float64) []float64 {
-	out := slices.Clone(margins)
-	for i, v := range out {
-		if v < m {
-			out[i] = 0
+// TestCUDABF16LogitError bounds how far bf16 activations move the logits, at tp=1 and at
+// tp=2 (each rank rounds its partial sums to bf16 before the all-reduce), teacher-forced
+// along each reference prompt and Hugging Face's greedy continuation, against Loom's f32
+// tp=1 logits of the same tokens (which TestCUDAHuggingFaceParity holds to Hugging Face's
+// within 1e-3). Forcing the tokens keeps the comparison going past the near ties where
+// bf16 and f32 greedy runs part.
+func TestCUDABF16LogitError(t *testing.T) {
+	needGPUs(t, 2)
+	// bf16Bound is the most a bf16 logit may differ from f32 on these fixtures (logits of
+	// magnitude up to ~5; the H200 runs measured at most 0.18).
+	const bf16Bound = 0.3
+	for _, name := range []string{"tiny-llama", "tiny-qwen2", "tiny-gqa6"} {
+		dir := filepath.Join("..", "testdata", name)
+		ref := loadReference(t, dir)
+		logits := func(spec string, act tensor.DType) [][]float32 {
+			opts := LoadOptions{Optimize: true, ActivationDType: act}
+			if spec != "" {
+				mesh, err := dist.ParseMesh(spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts.Mesh = mesh
+			}
+			m, err := LoadCUDA(context.Background(), dir, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			var all [][]float32
+			for _, p := range ref.Prompts {
+				l, _ := runAll(t, m.Executable(), slices.Concat(p.IDs, p.GreedyNewIDs))
+				all = append(all, l)
+			}
+			return all
+		}
+		want := logits("", tensor.F32)
+		var worst [2]float64
+		for i, spec := range []string{"", "tp=2"} {
+			for j, got := range logits(spec, tensor.BF16) {
+				d, _ := maxAbsDiff(got, want[j])
+				worst[i] = max(worst[i], d)
+			}
+		}
+		t.Logf("%s: bf16 logits differ from f32 by at most %.4f at tp=1, %.4f at tp=2", name, worst[0], worst[1])
+		if worst[0] > bf16Bound || worst[1] > bf16Bound {
+			t.Errorf("%s: bf16 logits off by %.4f (tp=1) and %.4f (tp=2), more than %.1f", name, worst[0], worst[1], bf16Bound)
+		}
+		if worst[1] > 1.5*worst[0]+0.05 {
+			t.Errorf("%s: tp=2 moves the bf16 logits by %.4f, tp=1 by %.4f: the all-reduce loses more than rounding", name, worst[1], worst[0])
 		}
 	}
-	return out
 }

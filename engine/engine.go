@@ -652,6 +652,22 @@ type deviceSampler interface {
 	RunSampled(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw) ([]int32, error)
 }
 
+// discarder is an Executable that can run a step without bringing its outputs back (a
+// CUDA program): the ranks whose outputs nobody reads run their steps so.
+type discarder interface {
+	RunDiscard(ctx context.Context, inputs map[string]*tensor.Tensor) error
+}
+
+// runDiscard runs exe on inputs for its effects (KV cache writes, collectives with the
+// other ranks), without its outputs where exe allows it.
+func runDiscard(ctx context.Context, exe Executable, inputs map[string]*tensor.Tensor) error {
+	if d, ok := exe.(discarder); ok {
+		return d.RunDiscard(ctx, inputs)
+	}
+	_, err := exe.Run(ctx, inputs)
+	return err
+}
+
 // deviceDraws returns the device draws of a step's sequences when rank 0 samples on its
 // device and every sequence that takes a token this step can be sampled there (see
 // sample.Sampler.DeviceDraw); otherwise nil, and the step brings the logits back.

@@ -558,7 +558,7 @@ func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Co
 		var reply []byte
 		reply = binary.LittleEndian.AppendUint64(reply, msg.step)
 		typ = stepDone
-		if _, err := exe.Run(ctx, msg.inputs); err != nil {
+		if err := runDiscard(ctx, exe, msg.inputs); err != nil {
 			typ = stepFailed
 			reply = append(reply, err.Error()...)
 		}

@@ -184,9 +184,12 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 			in[k] = v
 		}
 		rs.caches[r].Bind(in)
-		if ds, ok := rs.ranks[r].Exe.(deviceSampler); ok && r == 0 && draws != nil {
+		switch ds, ok := rs.ranks[r].Exe.(deviceSampler); {
+		case r > 0:
+			errs[r] = runDiscard(ctx, rs.ranks[r].Exe, in)
+		case ok && draws != nil:
 			ids, errs[r] = ds.RunSampled(ctx, in, draws)
-		} else {
+		default:
 			outs[r], errs[r] = rs.ranks[r].Exe.Run(ctx, in)
 		}
 		if errs[r] != nil && len(rs.ranks) > 1 {

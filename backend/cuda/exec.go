@@ -712,6 +712,13 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 	return res, err
 }
 
+// RunDiscard executes the program as Run does but brings no output back: it returns once
+// the step has finished on the device (and reports its errors). Ranks other than 0 of a
+// tensor-parallel deployment run their steps so: only rank 0's logits are read.
+func (p *Program) RunDiscard(ctx context.Context, inputs map[string]*tensor.Tensor) error {
+	return p.execute(ctx, inputs, func([]*Tensor) error { return p.dev.sync() })
+}
+
 // execute binds the inputs, lays the run out, copies the inputs in, queues the steps and
 // then calls finish with every value's device tensor (by slot), the device locked.
 func (p *Program) execute(ctx context.Context, inputs map[string]*tensor.Tensor, finish func(vals []*Tensor) error) error {
