@@ -22,8 +22,11 @@ const (
 	// failureGrace is how long Sync keeps waiting for a stream after it learnt that a peer
 	// failed or left: work the peer completed before it went still finishes here.
 	failureGrace = 200 * time.Millisecond
-	// abortWait bounds the wait for ncclCommAbort.
-	abortWait = 10 * time.Second
+	// abortWait bounds the wait for ncclCommAbort. With a peer dead in the middle of a
+	// collective the call did not return within 10 s on the H200 machine; the world is
+	// broken either way, so the error is reported after this wait and the abort goes on
+	// in the background.
+	abortWait = 2 * time.Second
 )
 
 // liveness tells a World about its peers: the TCP Peers of a multi-process world, or the
