@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"strings"
 	"time"
 
@@ -86,6 +87,9 @@ type CUDAModel struct {
 	devs   []*cuda.Device
 	worlds []*nccl.World
 	peers  *cuda.PeerGroup
+	// peerRank is this process's rank of the one-shot all-reduce across processes (CUDA
+	// IPC), with proc; nil when the ranks cannot map each other's memory.
+	peerRank *cuda.PeerRank
 	// proc is set by LoadCUDARank: this process runs rank proc.Rank of the mesh only
 	// (Program, on devs[0], with worlds[0]); Graphs holds every rank's graph.
 	proc *nccl.Env
@@ -116,6 +120,12 @@ func (m *CUDAModel) Close() error {
 	}
 	if m.peers != nil {
 		errs = append(errs, m.peers.Close())
+	}
+	if m.peerRank != nil {
+		// Close meets the other processes twice; a dead one must not hold this one up.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, m.peerRank.Close(ctx))
+		cancel()
 	}
 	for _, w := range m.worlds {
 		errs = append(errs, w.Close())
@@ -234,8 +244,23 @@ func loadCUDA(ctx context.Context, dir string, opts LoadOptions, proc *nccl.Env,
 		}
 	}
 	copts := make([]cuda.Options, n)
+	oneAxis := false
+	if n > 1 {
+		tp, _ := opts.Mesh.AxisSize(opts.Mesh.Axes()[0].Name)
+		oneAxis = tp == n
+	}
 	if proc != nil {
 		copts[proc.Rank] = cuda.Options{Comm: ncclRank{cm.worlds[0]}, Mesh: opts.Mesh, Rank: proc.Rank}
+		if oneAxis {
+			// The one-shot peer kernel across processes, through CUDA IPC, when every rank
+			// can map every other's memory (all agree, or all go through NCCL).
+			if cm.peerRank, err = joinPeerIPC(ctx, cm.worlds[0], cm.devs[0], proc.Rank, n); err != nil {
+				return fail(fmt.Errorf("%s: %w", dir, err))
+			}
+			if cm.peerRank != nil {
+				copts[proc.Rank].Peer = cm.peerRank
+			}
+		}
 	} else if n > 1 {
 		devices := make([]int, n)
 		for r := range devices {
@@ -244,7 +269,7 @@ func loadCUDA(ctx context.Context, dir string, opts LoadOptions, proc *nccl.Env,
 		if cm.worlds, err = nccl.InitAll(devices, opts.Mesh); err != nil {
 			return fail(fmt.Errorf("%s: %w", dir, err))
 		}
-		if tp, _ := opts.Mesh.AxisSize(opts.Mesh.Axes()[0].Name); tp == n {
+		if oneAxis {
 			// One axis: the one-shot peer kernel serves the whole world's small all-reduces.
 			if cm.peers, err = cuda.NewPeerGroup(cm.devs, peerMaxBytes); err != nil {
 				slog.Warn("one-shot all-reduce unavailable; every all-reduce goes through NCCL", "err", err)
@@ -288,6 +313,69 @@ func loadCUDA(ctx context.Context, dir string, opts LoadOptions, proc *nccl.Env,
 	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "device", cm.devs[0].Info().String(),
 		"ranks", n, "this_process", rankList(ranks), "nodes", len(cm.Graph.Nodes), "weight_bytes_rank0", cm.Program.WeightBytes(), "time", time.Since(start).Round(time.Millisecond))
 	return cm, nil
+}
+
+// joinPeerIPC makes this process rank `rank` of a one-shot peer group of n processes
+// (cuda.NewPeerRankIPC), trading descriptions over the NCCL world, when every rank can map
+// every other's memory: all on one host, each GPU able to access the others' (peer
+// access over NVLink or PCIe). The ranks first agree on that through two exchanges, so
+// that all of them use the peer group or none does; nil, nil when none does.
+func joinPeerIPC(ctx context.Context, w *nccl.World, d *cuda.Device, rank, n int) (*cuda.PeerRank, error) {
+	host, _ := os.Hostname()
+	dev, err := cubind.GetDevice(d.Info().Ordinal)
+	if err != nil {
+		return nil, err
+	}
+	bus, err := dev.PCIBusID()
+	if err != nil {
+		return nil, err
+	}
+	all, err := w.AllGatherBytes(ctx, []byte(host+"\x00"+bus))
+	if err != nil {
+		return nil, fmt.Errorf("one-shot all-reduce: %w", err)
+	}
+	ok := host != ""
+	why := ""
+	for q, b := range all {
+		h, pb, _ := strings.Cut(string(b), "\x00")
+		if q == rank || !ok {
+			continue
+		}
+		if h != host {
+			ok, why = false, fmt.Sprintf("rank %d runs on host %q, this rank on %q", q, h, host)
+			break
+		}
+		peer, err := cubind.DeviceByPCIBusID(pb)
+		if err != nil {
+			ok, why = false, fmt.Sprintf("rank %d's GPU %s is not visible here: %v", q, pb, err)
+			break
+		}
+		if can, err := dev.CanAccessPeer(peer); err != nil || !can {
+			ok, why = false, fmt.Sprintf("GPU %s cannot access rank %d's GPU %s (%v)", bus, q, pb, err)
+		}
+	}
+	flag := []byte{0}
+	if ok {
+		flag[0] = 1
+	}
+	votes, err := w.AllGatherBytes(ctx, flag)
+	if err != nil {
+		return nil, fmt.Errorf("one-shot all-reduce: %w", err)
+	}
+	for q, v := range votes {
+		if len(v) != 1 || v[0] != 1 {
+			if why == "" {
+				why = fmt.Sprintf("rank %d cannot map the others' memory", q)
+			}
+			slog.Info("one-shot all-reduce off across processes; every all-reduce goes through NCCL", "rank", rank, "why", why)
+			return nil, nil
+		}
+	}
+	pr, err := cuda.NewPeerRankIPC(ctx, d, rank, n, peerMaxBytes, w.AllGatherBytes)
+	if err != nil {
+		return nil, fmt.Errorf("one-shot all-reduce: %w", err)
+	}
+	return pr, nil
 }
 
 // peerMaxBytes is the largest all-reduce, in bytes per rank, the one-shot peer group holds

@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -467,6 +468,26 @@ func TestSyncTimesOutAndAborts(t *testing.T) {
 		}
 		if !errors.Is(w.Err(), dist.ErrBroken) {
 			return fmt.Errorf("world not broken after the timeout: %v", w.Err())
+		}
+		return nil
+	})
+}
+
+// AllGatherBytes gives every rank every rank's bytes, of different lengths (none too), in
+// rank order, and refuses more than MaxExchangeBytes.
+func TestAllGatherBytes(t *testing.T) {
+	ws := initWorlds(t, "tp=2")
+	mine := [][]byte{[]byte("rank zero's description"), nil}
+	onRanks(t, ws, func(w *World, _ cubind.Stream) error {
+		all, err := w.AllGatherBytes(context.Background(), mine[w.Rank()])
+		if err != nil {
+			return err
+		}
+		if len(all) != 2 || !bytes.Equal(all[0], mine[0]) || len(all[1]) != 0 {
+			return fmt.Errorf("got %q, want %q", all, mine)
+		}
+		if _, err := w.AllGatherBytes(context.Background(), make([]byte, MaxExchangeBytes+1)); err == nil {
+			return fmt.Errorf("an exchange of %d bytes did not fail", MaxExchangeBytes+1)
 		}
 		return nil
 	})
