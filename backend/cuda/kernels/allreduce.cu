@@ -242,6 +242,7 @@ template <class X>
 __device__ __forceinline__ void allreduce_impl(typename X::T* out, const typename X::T* x, long long n, const PeerArgs& p) {
   typedef typename X::T T;
   const int N = Pack<X>::N;
+  pdl_begin();
   u64 k;
   if (!ar_begin(p, &k)) return;
   long long off = (long long)(k & 1) * p.half;
@@ -302,6 +303,7 @@ __device__ __forceinline__ void ar_add_rmsnorm_impl(typename Promote<W, typename
   typedef typename Promote<W, S>::type Nt;
   typedef typename X::T T;
   const int N = Pack<X>::N;
+  pdl_begin();
   u64 k;
   if (!ar_begin(p, &k)) return;
   long long off = (long long)(k & 1) * p.half;
