@@ -61,6 +61,9 @@ type Stats struct {
 	// StepSeconds is the time spent in steps; ModelSeconds the part of it running the model
 	// (inputs, executables, logits), SampleSeconds the part choosing tokens.
 	StepSeconds, ModelSeconds, SampleSeconds float64
+	// DeviceSeconds is the GPU time of rank 0's model runs (inputs copied in, kernels) in
+	// those steps; 0 on the CPU. ModelSeconds minus it is what the host adds.
+	DeviceSeconds float64
 	// TimedSteps counts the steps those times cover: all, or those since ResetStats.
 	TimedSteps int64
 }

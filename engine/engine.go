@@ -416,6 +416,15 @@ func (e *Engine) ResetStats() {
 	defer e.mu.Unlock()
 	e.counters.StepSeconds, e.counters.ModelSeconds, e.counters.SampleSeconds = 0, 0, 0
 	e.stepsAtReset = e.steps.Load()
+	if c, ok := e.ranks.ranks[0].Exe.(deviceClock); ok {
+		c.ResetDeviceTime()
+	}
+}
+
+// deviceClock is an Executable that times its runs on the device (a CUDA program).
+type deviceClock interface {
+	DeviceTime() (time.Duration, int)
+	ResetDeviceTime()
 }
 
 // Stats returns a snapshot of the engine's state.
@@ -430,6 +439,10 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	st.TimedSteps = st.StepsTotal - e.stepsAtReset
 	e.mu.Unlock()
+	if c, ok := e.ranks.ranks[0].Exe.(deviceClock); ok {
+		d, _ := c.DeviceTime()
+		st.DeviceSeconds = d.Seconds()
+	}
 	return st
 }
 

@@ -79,11 +79,12 @@ var (
 	descStepSec = prometheus.NewDesc("loom_engine_step_seconds_total", "Time the engine spent in steps.", nil, nil)
 	descModSec  = prometheus.NewDesc("loom_engine_model_seconds_total", "Time the engine's steps spent running the model (inputs, executables, logits).", nil, nil)
 	descSampSec = prometheus.NewDesc("loom_engine_sample_seconds_total", "Time the engine's steps spent choosing tokens.", nil, nil)
+	descDevSec  = prometheus.NewDesc("loom_engine_device_seconds_total", "GPU time of the model runs of the engine's steps (0 on the CPU).", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descEngGen, descEngProm, descStepSec, descModSec, descSampSec} {
+	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descEngGen, descEngProm, descStepSec, descModSec, descSampSec, descDevSec} {
 		ch <- d
 	}
 }
@@ -107,6 +108,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	constMetric(ch, descStepSec, prometheus.CounterValue, st.StepSeconds)
 	constMetric(ch, descModSec, prometheus.CounterValue, st.ModelSeconds)
 	constMetric(ch, descSampSec, prometheus.CounterValue, st.SampleSeconds)
+	constMetric(ch, descDevSec, prometheus.CounterValue, st.DeviceSeconds)
 }
 
 // countRequest records one answered HTTP request.

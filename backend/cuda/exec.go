@@ -181,6 +181,9 @@ type Program struct {
 	hasCollectives bool
 	// prof collects per-op GPU time with Options.Profile.
 	prof *profiler
+	// busy times each run's kernels on the device (from before the inputs are copied in
+	// to after the last step), for DeviceTime.
+	busy deviceClock
 
 	// Folded counts the nodes evaluated at compile time.
 	Folded int
@@ -511,6 +514,7 @@ func (p *Program) Close() error {
 		if p.prof != nil {
 			errs = append(errs, p.prof.close())
 		}
+		p.busy.destroy()
 		p.plans = map[string]*memPlan{}
 		return errors.Join(errs...)
 	})
@@ -742,14 +746,20 @@ func (p *Program) execute(ctx context.Context, inputs map[string]*tensor.Tensor,
 		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
 	err = p.dev.do(func() error {
+		p.busy.start(p.dev.stream)
 		vals, err := p.run(ctx, pl, inputs)
 		if err != nil {
 			return err
 		}
+		p.busy.stop(p.dev.stream)
 		if err := p.syncCollectives(ctx); err != nil {
 			return err
 		}
-		return finish(vals)
+		if err := finish(vals); err != nil {
+			return err
+		}
+		p.busy.add()
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/loom-ml/loom/backend/cpu"
 	"github.com/loom-ml/loom/graph"
@@ -353,7 +354,9 @@ func TestGraphReplayMatchesEager(t *testing.T) {
 	defer graphs.Close()
 	rng := rand.New(rand.NewPCG(5, 6))
 	// Each bucket runs eagerly, then is captured, then replayed: four runs per bucket.
-	for _, bs := range [][2]int{{2, 9}, {2, 9}, {2, 9}, {2, 9}, {1, 37}, {1, 37}, {1, 37}, {2, 9}} {
+	runs := [][2]int{{2, 9}, {2, 9}, {2, 9}, {2, 9}, {1, 37}, {1, 37}, {1, 37}, {2, 9}}
+	start := time.Now()
+	for _, bs := range runs {
 		in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
 		want, err := eager.Run(context.Background(), in)
 		if err != nil {
@@ -367,10 +370,20 @@ func TestGraphReplayMatchesEager(t *testing.T) {
 			t.Fatalf("B%d S%d: graph replay differs from eager launches", bs[0], bs[1])
 		}
 	}
+	wall := time.Since(start)
 	for key, pl := range graphs.plans {
 		if pl.noGraph || pl.graph == 0 {
 			t.Errorf("bucket %s was not captured (noGraph=%v)", key, pl.noGraph)
 		}
+	}
+	// The device clock counted every run, eager and replayed, within the wall time.
+	busy, n := graphs.DeviceTime()
+	if n != len(runs) || busy <= 0 || busy > wall {
+		t.Errorf("DeviceTime = %v over %d runs; want %d runs, more than 0 and at most the %v they took", busy, n, len(runs), wall)
+	}
+	graphs.ResetDeviceTime()
+	if busy, n := graphs.DeviceTime(); busy != 0 || n != 0 {
+		t.Errorf("after ResetDeviceTime: %v over %d runs", busy, n)
 	}
 }
 

@@ -188,8 +188,12 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 			} else if inProcess != nil {
 				st := inProcess.Stats()
 				if n := float64(st.TimedSteps); n > 0 {
-					fmt.Fprintf(out, "\nengine: %d steps, %.2f ms each: model %.2f ms, sampling %.2f ms, other %.2f ms\n", st.TimedSteps,
-						1e3*st.StepSeconds/n, 1e3*st.ModelSeconds/n, 1e3*st.SampleSeconds/n, 1e3*(st.StepSeconds-st.ModelSeconds-st.SampleSeconds)/n)
+					gpu := ""
+					if st.DeviceSeconds > 0 {
+						gpu = fmt.Sprintf(" (GPU %.2f ms)", 1e3*st.DeviceSeconds/n)
+					}
+					fmt.Fprintf(out, "\nengine: %d steps, %.2f ms each: model %.2f ms%s, sampling %.2f ms, other %.2f ms\n", st.TimedSteps,
+						1e3*st.StepSeconds/n, 1e3*st.ModelSeconds/n, gpu, 1e3*st.SampleSeconds/n, 1e3*(st.StepSeconds-st.ModelSeconds-st.SampleSeconds)/n)
 				}
 			}
 			if base != nil {
