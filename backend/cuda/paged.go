@@ -271,6 +271,12 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		}
 		return nil
 	}
+	if d.useFlashPrefill(out, in) {
+		if err := d.flashPrefill(out, in, scale, window); err != nil {
+			return fail(err)
+		}
+		return nil
+	}
 	inst, name, shared := prefillKernel(xn, cn, D, kc.DType.Size())
 	G := H / KV
 	err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: (S*G + pfRows - 1) / pfRows, Y: KV, Z: 1}, cubind.Dim3{X: pfWarps * 32, Y: 1, Z: 1}, shared, func(a *cubind.Args) {

@@ -499,3 +499,167 @@ func TestPagedTimings(t *testing.T) {
 		t.Logf("paged_attention bf16 H32 KV8 D128 N%-3d ctx %-5d new %-5d %9.1f µs  %s", tc.N, tc.ctx, tc.nw, el*1e6, msg)
 	}
 }
+
+// flashCases are bf16 prefill steps the tensor-core kernel serves: five sequences, one a
+// 300-token prompt (several query and key tiles), others continuing cached contexts with
+// chunks or a single decode token, tokens in order or interleaved, GQA 1, 4 and 6, head
+// sizes 64 and 128, windows 0 and 20, blocks of 16 and 1 positions, i32 and i64 indices.
+func flashCases() []pagedCase {
+	var cases []pagedCase
+	i := 0
+	for _, G := range []int{1, 4, 6} {
+		for _, D := range []int{64, 128} {
+			for range 2 {
+				window, bs, inter := []int{0, 20}[i%2], []int{16, 1}[(i/2)%2], i%3 == 2
+				idt := []tensor.DType{tensor.I32, tensor.I64}[(i/4)%2]
+				i++
+				cases = append(cases, pagedCase{
+					name: fmt.Sprintf("flash G%d D%d BS%d window %d interleaved %v %s", G, D, bs, window, inter, idt),
+					ctx:  []int{0, 37, 300, 5, 130}, nw: []int{300, 20, 64, 1, 45}, bs: bs, KV: 2, G: G, D: D,
+					window: window, dt: tensor.BF16, cdt: tensor.BF16, idt: idt, pad: -1, inter: inter,
+				})
+			}
+		}
+	}
+	return cases
+}
+
+// The tensor-core prefill (flash.cu) matches the CPU reference with the bf16 tolerance of
+// pagedCase.run, with P split into two bf16 terms (the default) and rounded once.
+func TestFlashPrefillMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	if !flashPrefillEnabled {
+		t.Skip("the tensor-core prefill is disabled")
+	}
+	cases := flashCases()
+	var paged, flash []string
+	for _, c := range cases {
+		H, S, M := c.KV*c.G, 0, 0
+		for i := range c.ctx {
+			S += c.nw[i]
+			M = max(M, (c.ctx[i]+c.nw[i]+c.bs-1)/c.bs)
+		}
+		if !flashApplies(c.dt, c.cdt, H, c.KV, S, c.D, c.bs, M, d.info.Major, d.info.SharedOptin) {
+			t.Fatalf("%s: the tensor-core prefill does not apply", c.name)
+		}
+		paged = append(paged, c.kernels()[0]) // the cache write
+		for _, ps := range []int{1, 2} {
+			inst, _ := flashKernel(c.D, ps)
+			flash = append(flash, inst)
+		}
+	}
+	precompile(t, d, "paged.cu", paged)
+	precompile(t, d, "flash.cu", flash)
+	defer func(ps int) { flashPSplit = ps }(flashPSplit)
+	for _, ps := range []int{2, 1} {
+		flashPSplit = ps
+		rng := rand.New(rand.NewPCG(29, 31))
+		for _, c := range cases {
+			c.name += fmt.Sprintf(" PS%d", ps)
+			c.run(t, d, rng)
+		}
+	}
+}
+
+// The tensor-core prefill compiles with NVRTC for head sizes 64, 80, 128 and 256 and both
+// splits of P; this needs NVRTC only, not a GPU.
+func TestFlashKernelsCompile(t *testing.T) {
+	if _, err := cubind.NVRTCLibrary(); err != nil {
+		t.Skip("no NVRTC: " + err.Error())
+	}
+	archs, _ := cubind.NVRTCSupportedArchs()
+	arch := "sm_80"
+	for _, a := range archs {
+		if a == 90 {
+			arch = "sm_90"
+		}
+	}
+	if testDev != nil {
+		arch = testDev.info.Arch
+	}
+	var wg sync.WaitGroup
+	for _, D := range []int{64, 80, 128, 256} {
+		for _, ps := range []int{1, 2} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				inst, name := flashKernel(D, ps)
+				src, err := kernelSource("flash.cu", inst)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				start := time.Now()
+				cubin, log, err := cubind.CompileCUBIN(src, "flash.cu", append([]string{"--gpu-architecture=" + arch}, kernelOptions("flash.cu")...))
+				if err != nil {
+					t.Errorf("%s: %v\n%s", inst, err, log)
+					return
+				}
+				if !strings.Contains(string(cubin), name) {
+					t.Errorf("%s: the cubin has no kernel %s", inst, name)
+				}
+				t.Logf("%s for %s: %d bytes in %v", inst, arch, len(cubin), time.Since(start).Round(time.Millisecond))
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// TestFlashPrefillTimings times the prefill of paged_attention on Llama-3.1-8B shapes (H 32,
+// KV 8, D 128, bf16 cache of blocks of 16) when LOOM_CUDA_TIMINGS=1: the tensor-core kernel
+// with P split (PS2) and rounded once (PS1), and paged_prefill, in µs per call (cache write
+// included).
+func TestFlashPrefillTimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	const H, KV, D, BS = 32, 8, 128, 16
+	rng := rand.New(rand.NewPCG(3, 4))
+	defer func(ps int, on bool) { flashPSplit, flashPrefillEnabled = ps, on }(flashPSplit, flashPrefillEnabled)
+	for _, tc := range []struct{ N, ctx, nw int }{{1, 0, 1024}, {1, 0, 2048}, {4, 1024, 512}, {1, 0, 8192}} {
+		ctx, nw := make([]int, tc.N), make([]int, tc.N)
+		for i := range ctx {
+			ctx[i], nw[i] = tc.ctx, tc.nw
+		}
+		l := newPagedLayout(rng, tensor.I32, ctx, nw, BS, 0, -1, false)
+		q := randTensor(rng, tensor.BF16, []int{1, H, l.S, D}, -1, 1)
+		k := randTensor(rng, tensor.BF16, []int{1, KV, l.S, D}, -1, 1)
+		kc := randTensor(rng, tensor.BF16, []int{l.NB, BS, KV, D}, -1, 1)
+		in := up(t, d, q, k, k, l.pos, kc, kc.Clone(), l.slots, l.seqs, l.tables)
+		out := like(t, d, q)[0]
+		flops := 0.0
+		for range tc.N {
+			flops += float64(tc.nw)*float64(tc.ctx) + float64(tc.nw)*float64(tc.nw+1)/2
+		}
+		flops *= 4 * D * H
+		for _, v := range []struct {
+			name string
+			on   bool
+			ps   int
+		}{{"flash PS2", true, 2}, {"flash PS1", true, 1}, {"paged_prefill", false, 2}} {
+			flashPrefillEnabled, flashPSplit = v.on, v.ps
+			call := func() error { return d.PagedAttention(out, in, nil, 0.088, 0) }
+			for range 3 {
+				if err := call(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			n := 20
+			start := time.Now()
+			for range n {
+				if err := call(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			el := time.Since(start).Seconds() / float64(n)
+			t.Logf("prefill N%d ctx %-5d new %-5d %-13s %9.1f µs  %6.1f TFLOP/s (causal)", tc.N, tc.ctx, tc.nw, v.name, el*1e6, flops/el/1e12)
+		}
+	}
+}
