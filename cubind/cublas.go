@@ -81,6 +81,7 @@ func loadCublas() error {
 			ltLib = lt
 			lb := &binder{lib: lt}
 			lb.optional(&fnCublasLtGetVersion, "cublasLtGetVersion")
+			bindLt(lt)
 		}
 		b := &binder{lib: lib}
 		b.bind(&fnCublasCreate, "cublasCreate_v2")

@@ -42,6 +42,9 @@ type Device struct {
 	blasWork *block
 	// pdl: launch the kernels of pdlFiles with programmatic dependent launch (usePDL).
 	pdl bool
+	// gemmTune holds the cuBLASLt handle and the GEMM algorithm chosen per shape
+	// (gemm_tune.go); nil until linear first tunes.
+	gemmTune *gemmTuner
 }
 
 // DeviceInfo describes a device.
@@ -237,6 +240,7 @@ func (d *Device) release() error {
 		}
 	}
 	d.modules, d.funcs = nil, nil
+	errs = append(errs, d.releaseGemmTune())
 	if d.blas != nil {
 		errs = append(errs, d.blas.Destroy())
 	}

@@ -535,32 +535,7 @@ func (d *Device) linear(out, x, w *Tensor) error {
 	if ok, err := d.gemv(out, x, w); ok || err != nil {
 		return err
 	}
-	xt := x
-	var at, ct cubind.DataType
-	switch {
-	case x.DType == tensor.BF16 && w.DType == tensor.BF16:
-		at, ct = cubind.R16BF, cubind.R16BF
-	case x.DType == tensor.F32 && w.DType == tensor.F32:
-		at, ct = cubind.R32F, cubind.R32F
-	case x.DType == tensor.F32 && w.DType == tensor.BF16:
-		tmp, err := d.allocTensor(tensor.BF16, x.Shape)
-		if err != nil {
-			return fmt.Errorf("cuda: linear: %w", err)
-		}
-		defer d.Free(tmp) // safe: the GEMM that reads it is queued before any reuse
-		if err := d.cast(tmp, x); err != nil {
-			return fmt.Errorf("cuda: linear: %w", err)
-		}
-		xt, at, ct = tmp, cubind.R16BF, cubind.R32F
-	default:
-		return fmt.Errorf("cuda: linear: x %s with weight %s is not supported", x.DType, w.DType)
-	}
-	// Row-major out[M,N] = x[M,K]·wᵀ is column-major outᵀ[N,M] = wᵀ[N,K]... i.e. op(A)=wᵀ with A
-	// the column-major K×N view of w, and B the column-major K×M view of x.
-	err := d.blas.GemmEx(cubind.OpT, cubind.OpN, N, M, K, 1,
-		cubind.Matrix{Ptr: w.ptr, Type: at, LD: K}, cubind.Matrix{Ptr: xt.ptr, Type: at, LD: K},
-		0, cubind.Matrix{Ptr: out.ptr, Type: ct, LD: N}, cubind.Compute32F)
-	return wrap("cuda: linear", err)
+	return d.gemm(out, x, w, M, N, K)
 }
 
 func wrap(what string, err error) error {
