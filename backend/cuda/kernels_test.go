@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -417,4 +420,360 @@ func TestKernelCache(t *testing.T) {
 		t.Errorf("cache: first cached=%v, second cached=%v, equal=%v", st1.Cached, st2.Cached, string(first) == string(second))
 	}
 	t.Logf("argmax.cu: compiled in %v, read from the cache in %v", st1.Elapsed, st2.Elapsed)
+}
+
+// view is a device tensor of dtype dt and shape at element off of x's memory (which must
+// hold it), for tests of operands at odd addresses.
+func view(x *Tensor, dt tensor.DType, off int, shape ...int) *Tensor {
+	return &Tensor{DType: dt, Shape: shape, ptr: x.ptr + cubind.DevicePtr(off*dt.Size()), dev: x.dev}
+}
+
+// poisoned allocates device tensors like the host ones, filled with 0xff bytes (NaN in
+// f32 and bf16), so that an element a kernel fails to write shows in a comparison.
+func poisoned(t *testing.T, d *Device, hs ...*tensor.Tensor) []*Tensor {
+	t.Helper()
+	out := like(t, d, hs...)
+	for _, x := range out {
+		if err := d.do(func() error { return cubind.MemsetD8Async(x.ptr, 0xff, uint64(x.Bytes()), d.stream) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// The strided copies' fast paths (vectors of up to 16 bytes, 32-bit index math) and the
+// general kernels match the CPU bit for bit: transposes of long, short and odd rows,
+// slices and concatenations whose offsets allow only narrower vectors or none, expands,
+// casts of even and odd rows, and copies from addresses off the vectors' alignment.
+func TestFastCopies(t *testing.T) {
+	d := gpu(t)
+	t.Cleanup(func() { forceGeneralCopy = false })
+	rng := rand.New(rand.NewPCG(31, 7))
+	type copyCase struct {
+		name string
+		want *tensor.Tensor
+		run  func(out *Tensor) error
+	}
+	var cases []copyCase
+	transpose := func(dt tensor.DType, shape, perm []int) {
+		x := randTensor(rng, tensor.F32, shape, -100, 100).Cast(dt)
+		in := up(t, d, x)[0]
+		cases = append(cases, copyCase{fmt.Sprintf("transpose %s%v %v", dt, shape, perm),
+			cpuOp(t, "transpose", graph.Attrs{"perm": perm}, x)[0],
+			func(out *Tensor) error { return d.Transpose(out, in, perm) }})
+	}
+	transpose(tensor.BF16, []int{1, 1024, 32, 128}, []int{0, 2, 1, 3})
+	transpose(tensor.BF16, []int{2, 33, 4, 40}, []int{0, 2, 1, 3})
+	transpose(tensor.BF16, []int{3, 5, 7, 9}, []int{0, 2, 1, 3})
+	transpose(tensor.BF16, []int{3, 5, 6, 4}, []int{2, 0, 1, 3})
+	transpose(tensor.F32, []int{4, 6, 8, 12}, []int{0, 2, 1, 3})
+	transpose(tensor.F32, []int{4, 6, 5}, []int{2, 1, 0})
+	transpose(tensor.I32, []int{7, 9, 6}, []int{1, 0, 2})
+	x := randTensor(rng, tensor.F32, []int{4, 6, 24}, -100, 100).Cast(tensor.BF16)
+	xin := up(t, d, x)[0]
+	for _, sl := range [][4]int{{2, 1, 17, 1}, {2, 8, 24, 1}, {2, 4, 20, 1}, {2, 2, 18, 1}, {1, 1, 6, 2}, {2, 0, 24, 3}} {
+		cases = append(cases, copyCase{fmt.Sprintf("slice bf16%v axis %d [%d:%d:%d]", x.Shape, sl[0], sl[1], sl[2], sl[3]),
+			cpuOp(t, "slice", graph.Attrs{"axis": sl[0], "start": sl[1], "end": sl[2], "step": sl[3]}, x)[0],
+			func(out *Tensor) error { return d.Slice(out, xin, sl[0], sl[1], sl[2], sl[3]) }})
+	}
+	for _, widths := range [][]int{{5, 11}, {8, 8, 16}, {3, 4, 7}} {
+		var hs []*tensor.Tensor
+		var ins []*Tensor
+		for _, w := range widths {
+			h := randTensor(rng, tensor.F32, []int{3, 4, w}, -9, 9).Cast(tensor.BF16)
+			hs = append(hs, h)
+			ins = append(ins, up(t, d, h)[0])
+		}
+		cases = append(cases, copyCase{fmt.Sprintf("concat bf16 widths %v on the last axis", widths),
+			cpuOp(t, "concat", graph.Attrs{"axis": 2}, hs...)[0],
+			func(out *Tensor) error { return d.Concat(out, 2, ins...) }})
+	}
+	{ // fused weights: rows of 512 from three matrices
+		var hs []*tensor.Tensor
+		var ins []*Tensor
+		for _, rows := range []int{64, 16, 16} {
+			h := randTensor(rng, tensor.F32, []int{rows, 512}, -1, 1).Cast(tensor.BF16)
+			hs = append(hs, h)
+			ins = append(ins, up(t, d, h)[0])
+		}
+		cases = append(cases, copyCase{"concat bf16 [64,512] [16,512] [16,512] on axis 0",
+			cpuOp(t, "concat", graph.Attrs{"axis": 0}, hs...)[0],
+			func(out *Tensor) error { return d.Concat(out, 0, ins...) }})
+	}
+	for _, dt := range []tensor.DType{tensor.BF16, tensor.F32} {
+		e := randTensor(rng, tensor.F32, []int{2, 1, 3, 1}, -9, 9).Cast(dt)
+		ein := up(t, d, e)[0]
+		cases = append(cases, copyCase{fmt.Sprintf("expand %s [2,1,3,1] -> [2,4,3,5]", dt),
+			cpuOp(t, "expand", graph.Attrs{"shape": graph.Dims(2, 4, 3, 5)}, e)[0],
+			func(out *Tensor) error { return d.Expand(out, ein) }})
+		e2 := randTensor(rng, tensor.F32, []int{3, 1, 16}, -9, 9).Cast(dt)
+		e2in := up(t, d, e2)[0]
+		cases = append(cases, copyCase{fmt.Sprintf("expand %s [3,1,16] -> [3,5,16]", dt),
+			cpuOp(t, "expand", graph.Attrs{"shape": graph.Dims(3, 5, 16)}, e2)[0],
+			func(out *Tensor) error { return d.Expand(out, e2in) }})
+	}
+	for _, c := range []struct {
+		from, to tensor.DType
+		shape    []int
+	}{
+		{tensor.BF16, tensor.F32, []int{64, 1000}}, {tensor.F32, tensor.BF16, []int{64, 1000}},
+		{tensor.F32, tensor.BF16, []int{3, 7}}, {tensor.BF16, tensor.F32, []int{5, 6}},
+	} {
+		h := randTensor(rng, tensor.F32, c.shape, -300, 300).Cast(c.from)
+		hin := up(t, d, h)[0]
+		cases = append(cases, copyCase{fmt.Sprintf("cast %s%v -> %s", c.from, c.shape, c.to),
+			cpuOp(t, "cast", graph.Attrs{"dtype": c.to}, h)[0],
+			func(out *Tensor) error { return d.Cast(out, hin) }})
+	}
+	// Sources 1 and 4 elements past an aligned address: single elements, then 8-byte
+	// vectors; a cast from 1 element past.
+	padded := randTensor(rng, tensor.F32, []int{1 + 4*32*64}, -100, 100).Cast(tensor.BF16)
+	pin := up(t, d, padded)[0]
+	for _, off := range []int{1, 4} {
+		h := tensor.FromF32(padded.Cast(tensor.F32).F32[off:off+4*32*60], 4, 32, 60).Cast(tensor.BF16)
+		src := view(pin, tensor.BF16, off, 4, 32, 60)
+		cases = append(cases, copyCase{fmt.Sprintf("transpose bf16[4,32,60] at element %d", off),
+			cpuOp(t, "transpose", graph.Attrs{"perm": []int{1, 0, 2}}, h)[0],
+			func(out *Tensor) error { return d.Transpose(out, src, []int{1, 0, 2}) }})
+		cases = append(cases, copyCase{fmt.Sprintf("cast bf16[4,32,60] at element %d -> f32", off),
+			h.Cast(tensor.F32), func(out *Tensor) error { return d.Cast(out, src) }})
+	}
+	for _, general := range []bool{false, true} {
+		forceGeneralCopy = general
+		op := map[bool]string{false: "fast_copy", true: "general_copy"}[general]
+		for _, c := range cases {
+			out := poisoned(t, d, c.want)[0]
+			if err := c.run(out); err != nil {
+				forceGeneralCopy = false
+				t.Fatalf("%s %s: %v", op, c.name, err)
+			}
+			compare(t, op, c.name, down(t, d, out), c.want, exact)
+		}
+	}
+	forceGeneralCopy = false
+}
+
+// The register forms of rmsnorm and add_rmsnorm match the CPU and the loop kernels bit for
+// bit at D = 4096 with 1 and 64 rows, odd D, rows long enough for several vectors a
+// thread, a row too long for them (the loop kernel) and operands off the vectors'
+// alignment, for every dtype combination; add_rmsnorm's sum also in place.
+func TestRMSNormRegisterForms(t *testing.T) {
+	d := gpu(t)
+	t.Cleanup(func() { forceLoopNorm = false })
+	rng := rand.New(rand.NewPCG(12, 5))
+	type normCase struct {
+		name string
+		off  int // x's element offset from an aligned address
+		rows int
+		D    int
+	}
+	cases := []normCase{{"", 0, 1, 4096}, {"", 0, 64, 4096}, {"", 0, 3, 7}, {"", 0, 5, 1001}, {"", 0, 2, 4104},
+		{"", 0, 2, 32768}, {"", 0, 1, 65536}, {"", 1, 3, 4096}, {"", 4, 2, 4096}}
+	dts := [][3]tensor.DType{
+		{tensor.BF16, tensor.BF16, tensor.BF16}, {tensor.F32, tensor.BF16, tensor.BF16}, {tensor.BF16, tensor.F32, tensor.F32},
+		{tensor.F32, tensor.F32, tensor.F32}, {tensor.BF16, tensor.BF16, tensor.F32},
+	}
+	run := func(f func() error) {
+		t.Helper()
+		if err := f(); err != nil {
+			forceLoopNorm = false
+			t.Fatal(err)
+		}
+	}
+	// Compile the register forms the cases use in parallel (the plan at an address 256-byte
+	// aligned plus the case's offset, as the allocator's addresses are).
+	var extras []string
+	for _, c := range cases {
+		for _, dt := range dts {
+			const base = cubind.DevicePtr(1 << 20)
+			sdt := promote(dt[0], dt[1])
+			x := operand{base + cubind.DevicePtr(c.off*dt[0].Size()), dt[0]}
+			xn, rn, wn := dtypeName(dt[0]), dtypeName(dt[1]), dtypeName(dt[2])
+			if p, ok := planNorm(c.D, x, operand{base, dt[2]}, operand{base, promote(dt[2], dt[0])}); ok {
+				inst, _ := rmsnormVec(xn, wn, p)
+				extras = append(extras, inst)
+			}
+			if p, ok := planNorm(c.D, x, operand{base, dt[1]}, operand{base, dt[2]}, operand{base, sdt}, operand{base, promote(dt[2], sdt)}); ok {
+				inst, _ := addRMSNormVec(xn, rn, wn, p)
+				extras = append(extras, inst)
+			}
+		}
+	}
+	precompile(t, d, "norm.cu", extras)
+	for _, c := range cases {
+		for _, dt := range dts {
+			name := fmt.Sprintf("x %s r %s w %s [%d,%d] at element %d", dt[0], dt[1], dt[2], c.rows, c.D, c.off)
+			shape := []int{c.rows, c.D}
+			xp := randTensor(rng, dt[0], []int{c.off + c.rows*c.D}, -3, 3)
+			x := tensor.FromF32(xp.Cast(tensor.F32).F32[c.off:], shape...).Cast(dt[0])
+			r := randTensor(rng, dt[1], shape, -2, 2)
+			w := randTensor(rng, dt[2], []int{c.D}, 0.5, 1.5)
+			ins := up(t, d, xp, r, w)
+			xin := view(ins[0], dt[0], c.off, shape...)
+
+			want := cpuOp(t, "rmsnorm", graph.Attrs{"eps": 1e-5}, x, w)[0]
+			outs := poisoned(t, d, want, want)
+			run(func() error { return d.RMSNorm(outs[0], xin, ins[2], 1e-5) })
+			forceLoopNorm = true
+			run(func() error { return d.RMSNorm(outs[1], xin, ins[2], 1e-5) })
+			forceLoopNorm = false
+			got := down(t, d, outs[0])
+			compare(t, "rmsnorm", name, got, want, tolFor(want.DType))
+			compare(t, "rmsnorm-loop", name, got, down(t, d, outs[1]), exact)
+
+			wants := cpuOp(t, "add_rmsnorm", graph.Attrs{"eps": 1e-6}, x, r, w)
+			nouts := poisoned(t, d, wants[0], wants[1], wants[0], wants[1])
+			run(func() error { return d.AddRMSNorm(nouts[0], nouts[1], xin, ins[1], ins[2], 1e-6) })
+			forceLoopNorm = true
+			run(func() error { return d.AddRMSNorm(nouts[2], nouts[3], xin, ins[1], ins[2], 1e-6) })
+			forceLoopNorm = false
+			normed, sum := down(t, d, nouts[0]), down(t, d, nouts[1])
+			compare(t, "add_rmsnorm", name+" normed", normed, wants[0], tolFor(wants[0].DType))
+			compare(t, "add_rmsnorm", name+" sum", sum, wants[1], exact)
+			compare(t, "add_rmsnorm-loop", name+" normed", normed, down(t, d, nouts[2]), exact)
+			compare(t, "add_rmsnorm-loop", name+" sum", sum, down(t, d, nouts[3]), exact)
+			if dt[1] == wants[1].DType { // the sum written over the residual
+				res := up(t, d, r)[0]
+				inPlace := poisoned(t, d, wants[0])[0]
+				run(func() error { return d.AddRMSNorm(inPlace, res, xin, res, ins[2], 1e-6) })
+				compare(t, "add_rmsnorm", name+" normed, sum in place", down(t, d, inPlace), normed, exact)
+				compare(t, "add_rmsnorm", name+" sum in place", down(t, d, res), sum, exact)
+			}
+		}
+	}
+}
+
+// graphTime captures reps calls of f (which queues work with the device locked) into a CUDA
+// graph and returns the device time of one call from events around replays: the launch
+// overhead of eager calls stays out, the gaps between a graph's kernels stay in. The first
+// call of f runs eagerly, to compile and load its kernels.
+func graphTime(t *testing.T, d *Device, reps int, f func() error) time.Duration {
+	t.Helper()
+	if err := d.do(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var exe cubind.GraphExec
+	err := d.do(func() error {
+		if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
+			return err
+		}
+		d.capturing = true
+		var err error
+		for range reps {
+			if err = f(); err != nil {
+				break
+			}
+		}
+		d.capturing = false
+		g, endErr := d.stream.EndCapture()
+		if err == nil {
+			err = endErr
+		}
+		if err != nil {
+			if g != 0 {
+				g.Destroy()
+			}
+			return err
+		}
+		defer g.Destroy()
+		exe, err = g.Instantiate()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("capture: %v", err)
+	}
+	defer d.do(exe.Destroy)
+	const replays = 5
+	var el time.Duration
+	err = d.do(func() error {
+		start, err := cubind.EventCreate(0)
+		if err != nil {
+			return err
+		}
+		defer start.Destroy()
+		end, err := cubind.EventCreate(0)
+		if err != nil {
+			return err
+		}
+		defer end.Destroy()
+		if err := exe.Launch(d.stream); err != nil {
+			return err
+		}
+		if err := start.Record(d.stream); err != nil {
+			return err
+		}
+		for range replays {
+			if err := exe.Launch(d.stream); err != nil {
+				return err
+			}
+		}
+		if err := end.Record(d.stream); err != nil {
+			return err
+		}
+		if err := end.Synchronize(); err != nil {
+			return err
+		}
+		el, err = cubind.Elapsed(start, end)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	return el / time.Duration(replays*reps)
+}
+
+// TestFastPathTimings times, when LOOM_CUDA_TIMINGS=1, the copies and norms on Llama-3.1-8B
+// shapes through CUDA graphs, the fast paths against the general and loop kernels they
+// replace (random bf16 data).
+func TestFastPathTimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	t.Cleanup(func() { forceGeneralCopy, forceLoopNorm = false, false })
+	rng := rand.New(rand.NewPCG(2, 3))
+	bf := tensor.BF16
+	rnd := func(dt tensor.DType, shape ...int) *Tensor {
+		return up(t, d, randTensor(rng, tensor.F32, shape, -2, 2).Cast(dt))[0]
+	}
+	report := func(name string, bytes float64, knob *bool, f func() error) {
+		t.Helper()
+		fast := graphTime(t, d, 20, f)
+		*knob = true
+		old := graphTime(t, d, 20, f)
+		*knob = false
+		gbs := func(el time.Duration) float64 { return bytes / el.Seconds() / 1e9 }
+		t.Logf("%-44s %7.1f µs %5.0f GB/s, was %7.1f µs %5.0f GB/s", name, float64(fast.Nanoseconds())/1e3, gbs(fast),
+			float64(old.Nanoseconds())/1e3, gbs(old))
+	}
+	for _, T := range []int{1024, 4096} {
+		x, y := rnd(bf, 1, T, 32, 128), like(t, d, tensor.New(bf, 1, 32, T, 128))[0]
+		report(fmt.Sprintf("transpose bf16 [1,%d,32,128]", T), 4*float64(T*32*128), &forceGeneralCopy,
+			func() error { return d.transpose(y, x, []int{0, 2, 1, 3}) })
+	}
+	lg, lf := rnd(bf, 64, 128256), like(t, d, tensor.New(tensor.F32, 64, 128256))[0]
+	report("cast bf16 -> f32 [64,128256]", 6*64*128256, &forceGeneralCopy, func() error { return d.cast(lf, lg) })
+	wq, wk, wv := rnd(bf, 4096, 4096), rnd(bf, 1024, 4096), rnd(bf, 1024, 4096)
+	wqkv := like(t, d, tensor.New(bf, 6144, 4096))[0]
+	report("concat bf16 [4096|1024|1024,4096] axis 0", 4*6144*4096, &forceGeneralCopy,
+		func() error { return d.concat(wqkv, 0, []*Tensor{wq, wk, wv}) })
+	wg, wu := rnd(bf, 4096, 2048), rnd(bf, 4096, 2048)
+	wgu := like(t, d, tensor.New(bf, 4096, 4096))[0]
+	report("concat bf16 [4096,2048|2048] axis 1", 4*4096*4096, &forceGeneralCopy,
+		func() error { return d.concat(wgu, 1, []*Tensor{wg, wu}) })
+	w := rnd(bf, 4096)
+	for _, rows := range []int{1, 64, 4096} {
+		x, r := rnd(bf, rows, 4096), rnd(bf, rows, 4096)
+		o, s := like(t, d, tensor.New(bf, rows, 4096))[0], like(t, d, tensor.New(bf, rows, 4096))[0]
+		report(fmt.Sprintf("rmsnorm bf16 [%d,4096]", rows), 4*float64(rows*4096), &forceLoopNorm,
+			func() error { return d.rmsnorm(o, x, w, 1e-5) })
+		report(fmt.Sprintf("add_rmsnorm bf16 [%d,4096]", rows), 8*float64(rows*4096), &forceLoopNorm,
+			func() error { return d.addRMSNorm(o, s, x, r, w, 1e-5) })
+	}
 }

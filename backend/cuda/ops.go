@@ -151,9 +151,89 @@ func (d *Device) rmsnorm(out, x, w *Tensor, eps float32) error {
 	if rows == 0 || D == 0 {
 		return nil
 	}
-	return d.launch("norm.cu", "rmsnorm_"+xn+"_"+wn, cubind.Dim3{X: rows, Y: 1, Z: 1}, rowBlock(D), 0, func(a *cubind.Args) {
-		a.Ptr(out.ptr).Ptr(x.ptr).Ptr(w.ptr).I32(int32(D)).F32(eps)
-	})
+	args := func(a *cubind.Args) { a.Ptr(out.ptr).Ptr(x.ptr).Ptr(w.ptr).I32(int32(D)).F32(eps) }
+	grid := cubind.Dim3{X: rows, Y: 1, Z: 1}
+	if np, ok := planNorm(D, operand{x.ptr, x.DType}, operand{w.ptr, w.DType}, operand{out.ptr, out.DType}); ok {
+		inst, name := rmsnormVec(xn, wn, np)
+		return d.launchX("norm.cu", inst, name, grid, np.block(), 0, args)
+	}
+	return d.launch("norm.cu", "rmsnorm_"+xn+"_"+wn, grid, rowBlock(D), 0, args)
+}
+
+// rmsnormVec returns the instantiation and the name of rmsnorm's register form for x and
+// w of the dtypes named xn and wn.
+func rmsnormVec(xn, wn string, p normLaunch) (inst, name string) {
+	inst = fmt.Sprintf("RMSNORM_VEC(%s, %s, %s, %s, %d, %d)", strings.ToUpper(xn), xn, strings.ToUpper(wn), wn, p.vec, p.nv)
+	return inst, fmt.Sprintf("rmsnorm_%s_%s_v%d_n%d", xn, wn, p.vec, p.nv)
+}
+
+// addRMSNormVec returns the instantiation and the name of add_rmsnorm's register form for
+// x, residual and w of the dtypes named xn, rn and wn.
+func addRMSNormVec(xn, rn, wn string, p normLaunch) (inst, name string) {
+	inst = fmt.Sprintf("ADD_RMSNORM_VEC(%s, %s, %s, %s, %s, %s, %d, %d)", strings.ToUpper(xn), xn, strings.ToUpper(rn), rn,
+		strings.ToUpper(wn), wn, p.vec, p.nv)
+	return inst, fmt.Sprintf("add_rmsnorm_%s_%s_%s_v%d_n%d", xn, rn, wn, p.vec, p.nv)
+}
+
+// forceLoopNorm makes rmsnorm and add_rmsnorm always run the loop kernels (norm.cu's
+// first forms); tests set it to compare them with the register forms.
+var forceLoopNorm bool
+
+// operand is a kernel operand's address and dtype, for alignment checks.
+type operand struct {
+	ptr cubind.DevicePtr
+	dt  tensor.DType
+}
+
+// normLaunch is the launch of the register forms of rmsnorm and add_rmsnorm (norm.cu):
+// vectors of vec elements, nv of them per thread, threads per block (a multiple of 32).
+type normLaunch struct{ vec, nv, threads int }
+
+func (p normLaunch) block() cubind.Dim3 { return cubind.Dim3{X: p.threads, Y: 1, Z: 1} }
+
+// maxNormElems bounds the elements a thread of the register forms holds (nv * vec), so
+// that a block of 1024 threads needs no more than its 64 registers per thread; longer rows
+// take the loop kernels.
+const maxNormElems = 32
+
+// planNorm plans the register forms for rows of D elements of the given operands: vectors
+// of 16 bytes of the widest operand dtype, halved until they divide D and every operand
+// is aligned to them; as many vectors per thread (a power of two) as keeps the block at
+// most 1024 threads, and threads for every vector of the row. ok is false when a thread
+// would hold more than maxNormElems elements, or forceLoopNorm is set.
+func planNorm(D int, ops ...operand) (p normLaunch, ok bool) {
+	if forceLoopNorm || D <= 0 {
+		return p, false
+	}
+	size := 1
+	for _, o := range ops {
+		size = max(size, o.dt.Size())
+	}
+	aligned := func(v int) bool {
+		if D%v != 0 {
+			return false
+		}
+		for _, o := range ops {
+			if uint64(o.ptr)%uint64(v*o.dt.Size()) != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	p.vec = max(16/size, 1)
+	for p.vec > 1 && !aligned(p.vec) {
+		p.vec /= 2
+	}
+	nvec := D / p.vec
+	p.nv = 1
+	for nvec > p.nv*1024 {
+		p.nv *= 2
+	}
+	if p.nv*p.vec > maxNormElems {
+		return p, false
+	}
+	p.threads = ((nvec+p.nv-1)/p.nv + 31) / 32 * 32
+	return p, true
 }
 
 func normDim(x, w *Tensor) (int, error) {
@@ -200,10 +280,17 @@ func (d *Device) addRMSNorm(normed, sum, x, r, w *Tensor, eps float32) error {
 	if rows == 0 || D == 0 {
 		return nil
 	}
-	name := "add_rmsnorm_" + names[0] + "_" + names[1] + "_" + names[2]
-	return d.launch("norm.cu", name, cubind.Dim3{X: rows, Y: 1, Z: 1}, rowBlock(D), 0, func(a *cubind.Args) {
+	args := func(a *cubind.Args) {
 		a.Ptr(normed.ptr).Ptr(sum.ptr).Ptr(x.ptr).Ptr(r.ptr).Ptr(w.ptr).I32(int32(D)).F32(eps)
-	})
+	}
+	grid := cubind.Dim3{X: rows, Y: 1, Z: 1}
+	suffix := names[0] + "_" + names[1] + "_" + names[2]
+	if np, ok := planNorm(D, operand{x.ptr, x.DType}, operand{r.ptr, r.DType}, operand{w.ptr, w.DType},
+		operand{sum.ptr, sum.DType}, operand{normed.ptr, normed.DType}); ok {
+		inst, name := addRMSNormVec(names[0], names[1], names[2], np)
+		return d.launchX("norm.cu", inst, name, grid, np.block(), 0, args)
+	}
+	return d.launch("norm.cu", "add_rmsnorm_"+suffix, grid, rowBlock(D), 0, args)
 }
 
 // Rope rotates q[B,H,S,D] and k[B,KV,S,D] (one dtype, f32 or bf16) at positions[B,S] (i32
@@ -366,17 +453,18 @@ func (d *Device) cast(out, x *Tensor) error {
 
 // copyStrided copies the iteration space dims from src (element strides ss, offset srcOff)
 // to dst (strides ds, offset dstOff), converting between f32 and bf16 when the dtypes
-// differ; same dtypes copy raw elements of any type.
+// differ; same dtypes copy raw elements of any type. planCopy picks the kernel: vectors and
+// 32-bit index math where the walk allows, else the general kernel.
 func (d *Device) copyStrided(dst, src *Tensor, dims []int, ss, ds []int64, srcOff, dstOff int64) error {
 	n := int64(tensor.Numel(dims))
 	if n == 0 {
 		return nil
 	}
-	p, err := newStrided(dims, ss, ds, srcOff, dstOff)
+	w, err := collapseWalk(dims, ss, ds, srcOff, dstOff)
 	if err != nil {
 		return fmt.Errorf("cuda: copy: %w", err)
 	}
-	name := fmt.Sprintf("copy_b%d", src.DType.Size())
+	castName := ""
 	if src.DType != dst.DType {
 		sn, err := floatName("source", src.DType)
 		if err != nil {
@@ -386,11 +474,29 @@ func (d *Device) copyStrided(dst, src *Tensor, dims []int, ss, ds []int64, srcOf
 		if err != nil {
 			return fmt.Errorf("cuda: cast: %w", err)
 		}
-		name = "cast_" + sn + "_" + dn
+		castName = sn + "_" + dn
 	}
-	return d.launch("elementwise.cu", name, d.gridStride(n), block256, 0, func(a *cubind.Args) {
-		a.Ptr(dst.ptr).Ptr(src.ptr).Struct(p)
+	p := planCopy(w, src.DType.Size(), dst.DType.Size(), uint64(src.ptr), uint64(dst.ptr), castName)
+	grid := d.gridStride(p.w.n())
+	if p.is32 {
+		grid = d.gridCopy(p.w.n())
+	}
+	return d.launch("elementwise.cu", p.name, grid, block256, 0, func(a *cubind.Args) {
+		a.Ptr(dst.ptr).Ptr(src.ptr).Struct(p.args())
 	})
+}
+
+// gridCopy returns the grid of the 32-bit copy kernels over n elements, in blocks of 256:
+// one element per thread while that takes at most 8 blocks per SM, else up to COPY_UNROLL
+// (4, elementwise.cu) per thread and pass, with at most 16 blocks per SM. The bound keeps
+// the kernels' 32-bit indices (below 2^31 plus 4 passes of the grid) from overflowing.
+func (d *Device) gridCopy(n int64) cubind.Dim3 {
+	sms := int64(max(d.info.SMs, 1))
+	g := (n + 255) / 256
+	if g > 8*sms {
+		g = min(max(8*sms, (n+1023)/1024), 16*sms)
+	}
+	return cubind.Dim3{X: int(max(g, 1)), Y: 1, Z: 1}
 }
 
 // SDPA computes causal attention of q[B,H,S,D] over k, v [B,KV,S,D] (H a multiple of KV,

@@ -63,18 +63,29 @@ func is64(t *Tensor) int32 {
 	return 0
 }
 
-// decodeTargetCTAs is the number of blocks the decode kernel aims for: four per SM of an
-// H100/H200 (132 SMs). A constant rather than the device's count, so that the workspace is
-// a function of shapes alone.
-const decodeTargetCTAs = 4 * 132
+// decodeTargetWarps is the number of warps the decode kernel aims for: as many as an
+// H100/H200 (132 SMs) keeps resident at 128 registers per thread (16 per SM). A constant
+// rather than the device's count, so that the plan and the workspace are functions of
+// shapes alone.
+const decodeTargetWarps = 16 * 132
 
 // maxDecodeSplits bounds the splits of one token's context.
 const maxDecodeSplits = 64
+
+// Warps per block of the decode kernel: 4 by default, up to 16 (DEC_MAX_WARPS in
+// paged.cu) when the GPU has room; decodeMaxShared bounds the shared memory of a block
+// with more than 4 warps.
+const (
+	decodeMinWarps  = 4
+	decodeMaxWarps  = 16
+	decodeMaxShared = 48 << 10
+)
 
 // decodePlan is the launch configuration of the decode kernel, from shapes only.
 type decodePlan struct {
 	vec, lpr, cpl, gp, u int // template parameters, see paged.cu
 	hgroups, splits      int
+	warps                int // warps per block
 	maxb                 int // table entries a split reads at most
 	shared               int // dynamic shared memory in bytes
 }
@@ -98,36 +109,82 @@ func vecElems(D, esize int) int {
 	return v
 }
 
-func planDecode(H, KV, S, D, M, esize int) decodePlan {
+// planDecode plans the decode kernel for H query and KV key heads of size D, S tokens
+// (one block-table row each, S <= N), block tables of M entries of blocks of BS positions
+// and cache elements of esize bytes.
+//
+// A lane holds GP*VEC*CPL query and accumulator elements, at most 32 of each (registers):
+// vectors are narrowed (more lanes per row) and then head groups split until they fit.
+// Each warp step covers (32/LPR)*U positions. The context of a token is at most M*BS
+// positions (the block tables' width bounds it: the plan depends on shapes only); the
+// warps per block double from 4 up to 16 while the GPU has room for them (decodeTargetWarps)
+// and each warp keeps at least one step of that bound. Only when even then a warp would
+// run more than 4 steps and the GPU has room for twice the warps does the context split
+// (blocks of 4 warps, each split at least one table block and two steps per warp), which
+// costs a second kernel (paged_combine) and the workspace.
+func planDecode(H, KV, S, D, M, BS, esize int) decodePlan {
 	var p decodePlan
-	p.vec = vecElems(D, esize)
-	nch := D / p.vec
-	if nch <= 32 {
-		p.lpr, p.cpl = nextPow2(nch), 1
-	} else {
-		p.lpr, p.cpl = 32, (nch+31)/32
-	}
 	G := H / KV
 	p.gp = min(8, nextPow2(G))
+	p.vec = vecElems(D, esize)
+	for {
+		nch := D / p.vec
+		if nch <= 32 {
+			p.lpr, p.cpl = nextPow2(nch), 1
+		} else {
+			p.lpr, p.cpl = 32, (nch+31)/32
+		}
+		if p.gp*p.vec*p.cpl <= 32 || p.gp == 1 {
+			break
+		}
+		if p.lpr < 32 && p.vec > 1 {
+			p.vec /= 2
+		} else {
+			p.gp /= 2
+		}
+	}
 	p.hgroups = (G + p.gp - 1) / p.gp
+	// Four keys per lane group and step, unless the accumulators, the scores and about three
+	// steps' worth of key and value vectors in flight would not fit in registers.
 	p.u = 4
-	if p.gp*p.vec*p.cpl > 32 {
+	words := max(p.vec*esize/4, 1)
+	if p.cpl > 1 || p.gp*p.vec+4*p.gp+12*words > 96 {
 		p.u = 2
 	}
-	ctas := max(S*KV*p.hgroups, 1)
-	p.splits = min(maxDecodeSplits, max(1, M/2), (decodeTargetCTAs+ctas-1)/ctas)
-	p.splits = max(p.splits, 1)
+	step := (32 / p.lpr) * p.u
+	pairs := max(S*KV*p.hgroups, 1)
+	keys := M * BS
+	p.warps = decodeMinWarps
+	for p.warps < decodeMaxWarps && pairs*p.warps*2 <= decodeTargetWarps && keys >= 2*p.warps*step &&
+		p.sharedFor(2*p.warps, D, M) <= decodeMaxShared {
+		p.warps *= 2
+	}
+	p.splits = 1
+	if keys > p.warps*4*step && pairs*p.warps*2 <= decodeTargetWarps {
+		p.warps = decodeMinWarps
+		p.splits = min(maxDecodeSplits, decodeTargetWarps/(pairs*p.warps), keys/(p.warps*2*step), M)
+		p.splits = max(p.splits, 1)
+	}
 	p.maxb = (M + p.splits - 1) / p.splits
-	p.shared = (p.maxb+3)/4*4*4 + decodeWarps*p.gp*(D+2)*4
+	p.shared = p.sharedFor(p.warps, D, p.maxb)
 	return p
 }
 
-// decodeWarps, pfRows and pfCols mirror DEC_WARPS, PF_BR and PF_BC in paged.cu.
+// sharedFor is the decode kernel's shared memory for blocks of warps warps reading up to
+// maxb table entries (see paged_decode in paged.cu): the entries, the queries [GP][Dp], the
+// warps' work areas and their merge records [GP][D+2].
+func (p decodePlan) sharedFor(warps, D, maxb int) int {
+	ns := (32 / p.lpr) * p.u * p.gp
+	work := (p.gp+3)/4*4 + (ns+3)/4*4
+	dp := (D + 3) / 4 * 4
+	return (maxb+3)/4*4*4 + (p.gp*dp+warps*work+warps*p.gp*(D+2))*4
+}
+
+// pfWarps, pfRows and pfCols mirror PF_WARPS, PF_BR and PF_BC in paged.cu.
 const (
-	decodeWarps = 4
-	pfWarps     = 4
-	pfRows      = 32
-	pfCols      = 32
+	pfWarps = 4
+	pfRows  = 32
+	pfCols  = 32
 )
 
 // workspace is the scratch bytes the plan needs: the splits' partials [S][H][splits][D+2]
@@ -141,17 +198,19 @@ func (p decodePlan) workspace(H, S, D int) int64 {
 
 // PagedAttentionWorkspace returns the bytes of scratch memory PagedAttention needs for the
 // given input shapes (as in: q, k, v, positions, k_cache, v_cache, slot_mapping, token_seq,
-// block_tables); 0 when it needs none. Cache dtypes do not matter.
+// block_tables); 0 when it needs none. Cache dtypes do not matter: it covers both bf16 and
+// f32 caches.
 func PagedAttentionWorkspace(in [][]int) int64 {
 	if len(in) != 9 || len(in[0]) != 4 || len(in[1]) != 4 || len(in[8]) != 2 {
 		return 0
 	}
 	H, S, D, KV := in[0][1], in[0][2], in[0][3], in[1][1]
 	N, M := in[8][0], in[8][1]
-	if KV == 0 || H%KV != 0 || S == 0 || S > N {
+	if KV == 0 || H%KV != 0 || S == 0 || S > N || len(in[4]) != 4 {
 		return 0
 	}
-	return planDecode(H, KV, S, D, M, 2).workspace(H, S, D)
+	BS := in[4][1]
+	return max(planDecode(H, KV, S, D, M, BS, 2).workspace(H, S, D), planDecode(H, KV, S, D, M, BS, 4).workspace(H, S, D))
 }
 
 // prefillDL is the accumulators per lane and row of the prefill kernel: ceil(D/32), with
@@ -228,10 +287,12 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 	}
 	X, C := strings.ToUpper(xn), strings.ToUpper(cn)
 	fail := func(err error) error { return fmt.Errorf("cuda: paged_attention: %w", err) }
+	wvec := writeVec(D, operand{k.ptr, k.DType}, operand{v.ptr, v.DType}, operand{kc.ptr, kc.DType}, operand{vc.ptr, vc.DType})
+	wblock := cubind.Dim3{X: min(1024, max(32, (KV*D/wvec+31)/32*32)), Y: 1, Z: 1}
 	err = d.launchX("paged.cu", fmt.Sprintf("PAGED_WRITE(%s, %s, %s, %s)", X, xn, C, cn), "paged_write_"+xn+"_"+cn,
-		cubind.Dim3{X: S, Y: 1, Z: 1}, rowBlock(KV*D), 0, func(a *cubind.Args) {
+		cubind.Dim3{X: S, Y: 1, Z: 1}, wblock, 0, func(a *cubind.Args) {
 			a.Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots)).I32(int32(KV)).I32(int32(S)).
-				I32(int32(D)).I64(int64(NB) * int64(BS)).Ptr(d.errWord)
+				I32(int32(D)).I64(int64(NB) * int64(BS)).I32(int32(wvec)).Ptr(d.errWord)
 		})
 	if err != nil {
 		return fail(err)
@@ -242,7 +303,7 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 			F32(scale).I32(int32(window))
 	}
 	if S <= N {
-		p := planDecode(H, KV, S, D, M, kc.DType.Size())
+		p := planDecode(H, KV, S, D, M, BS, kc.DType.Size())
 		need := p.workspace(H, S, D)
 		var part cubind.DevicePtr
 		if need > 0 {
@@ -252,7 +313,7 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 			part = ws.ptr
 		}
 		inst, name := decodeKernel(xn, cn, p)
-		err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: decodeWarps * 32, Y: 1, Z: 1}, p.shared, func(a *cubind.Args) {
+		err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: p.warps * 32, Y: 1, Z: 1}, p.shared, func(a *cubind.Args) {
 			a.Ptr(out.ptr).Ptr(part).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr)
 			idx(a)
 			a.I32(int32(p.maxb)).Ptr(d.errWord)
@@ -288,6 +349,26 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		return fail(err)
 	}
 	return nil
+}
+
+// writeVec is the vector of paged_write, in elements: 16 bytes of the widest operand dtype,
+// halved until it divides D and every operand is aligned to it.
+func writeVec(D int, ops ...operand) int {
+	size := 1
+	for _, o := range ops {
+		size = max(size, o.dt.Size())
+	}
+	v := max(16/size, 1)
+	for ; v > 1; v /= 2 {
+		ok := D%v == 0
+		for _, o := range ops {
+			ok = ok && uint64(o.ptr)%uint64(v*o.dt.Size()) == 0
+		}
+		if ok {
+			break
+		}
+	}
+	return v
 }
 
 func wsBytes(ws *Tensor) int {

@@ -110,7 +110,7 @@ func (c pagedCase) kernels() []string {
 	}
 	out := []string{fmt.Sprintf("PAGED_WRITE(%s, %s, %s, %s)", X, xn, C, cn)}
 	if S <= N {
-		p := planDecode(c.KV*c.G, c.KV, S, c.D, M, c.cdt.Size())
+		p := planDecode(c.KV*c.G, c.KV, S, c.D, M, c.bs, c.cdt.Size())
 		inst, _ := decodeKernel(xn, cn, p)
 		out = append(out, inst)
 		if p.splits > 1 {
@@ -352,7 +352,7 @@ func TestPagedAttentionWorkspace(t *testing.T) {
 		splits            int
 	}{
 		{32, 8, 1, 128, 1, 512, maxDecodeSplits}, // long context, one sequence: the most splits
-		{32, 8, 1, 128, 1, 8, 4},                 // short context: at most M/2
+		{32, 8, 1, 128, 1, 8, 1},                 // short context: 16 warps, no split
 		{32, 8, 256, 128, 256, 64, 1},            // a full batch: no split
 		{32, 8, 100, 128, 4, 64, 0},              // prefill: no workspace
 	} {
@@ -661,5 +661,125 @@ func TestFlashPrefillTimings(t *testing.T) {
 			el := time.Since(start).Seconds() / float64(n)
 			t.Logf("prefill N%d ctx %-5d new %-5d %-13s %9.1f µs  %6.1f TFLOP/s (causal)", tc.N, tc.ctx, tc.nw, v.name, el*1e6, flops/el/1e12)
 		}
+	}
+}
+
+// The decode kernel matches the CPU in every shape of launch the plan picks: 64 and 16
+// sequences of short contexts (blocks of 4 and 16 warps, no split), 32 (8 warps), one
+// short and one long context (16 warps; splits), block tables padded to a power of two as
+// the engine pads them, 8 query heads per KV head (vectors narrowed to 32 lanes a row),
+// D = 256 in f32 with 8 query heads per KV head (two head groups), a bf16 cache under f32
+// activations and the other way round, block sizes 1 and 32, windows.
+func TestPagedDecodePlansMatchCPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 43))
+	ctxs := func(n, lo, hi int) []int {
+		c := make([]int, n)
+		for i := range c {
+			c[i] = lo + rng.IntN(hi-lo+1)
+		}
+		return c
+	}
+	ones := func(n int) []int {
+		o := make([]int, n)
+		for i := range o {
+			o[i] = 1
+		}
+		return o
+	}
+	bf, f32 := tensor.BF16, tensor.F32
+	var cases []pagedCase
+	add := func(name string, ctx []int, bs, KV, G, D, window int, dt, cdt tensor.DType) {
+		cases = append(cases, pagedCase{name: name, ctx: ctx, nw: ones(len(ctx)), bs: bs, KV: KV, G: G, D: D, window: window,
+			dt: dt, cdt: cdt, idt: tensor.I32, pad: -1})
+	}
+	add("64 short contexts", ctxs(64, 100, 150), 16, 8, 4, 128, 0, bf, bf)
+	add("16 short contexts", ctxs(16, 100, 150), 16, 8, 4, 128, 0, bf, bf)
+	add("32 short contexts", ctxs(32, 1, 150), 16, 8, 4, 128, 30, bf, bf)
+	add("1 short context", []int{140}, 16, 8, 4, 128, 0, bf, bf)
+	add("1 long context", []int{2000}, 16, 8, 4, 128, 0, bf, bf)
+	add("4 long contexts, window", ctxs(4, 900, 1100), 16, 8, 4, 128, 200, bf, bf)
+	add("G8", ctxs(3, 100, 300), 16, 2, 8, 128, 0, bf, bf)
+	add("G8 f32 D256", ctxs(2, 50, 200), 16, 2, 8, 256, 0, f32, f32)
+	add("G8 f32 cache", ctxs(5, 50, 200), 16, 2, 8, 64, 0, f32, f32)
+	add("bf16 over f32 cache", ctxs(3, 10, 90), 16, 2, 4, 128, 0, bf, f32)
+	add("f32 over bf16 cache, G6", ctxs(7, 10, 90), 16, 2, 6, 64, 0, f32, bf)
+	add("block size 1", ctxs(3, 5, 60), 1, 2, 4, 64, 0, bf, bf)
+	add("block size 32, window 1", ctxs(9, 1, 300), 32, 2, 2, 128, 1, bf, bf)
+	var extras []string
+	for _, c := range cases {
+		extras = append(extras, c.kernels()...)
+	}
+	d := gpu(t)
+	precompile(t, d, "paged.cu", extras)
+	for _, c := range cases {
+		c.run(t, d, rng)
+	}
+	// Tables padded to a power of two entries (-1), as engine steps pad them.
+	l := newPagedLayout(rng, tensor.I32, ctxs(8, 100, 150), ones(8), 16, 3, -1, false)
+	l = padTables(l, 16)
+	const KV, G, D = 2, 4, 128
+	q := randTensor(rng, bf, []int{1, KV * G, l.S, D}, -2, 2)
+	k := randTensor(rng, bf, []int{1, KV, l.S, D}, -2, 2)
+	v := randTensor(rng, bf, []int{1, KV, l.S, D}, -1, 1)
+	kc := randTensor(rng, bf, []int{l.NB, 16, KV, D}, -2, 2)
+	vc := randTensor(rng, bf, []int{l.NB, 16, KV, D}, -1, 1)
+	in := up(t, d, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)
+	want := cpuOp(t, "paged_attention", graph.Attrs{"scale": 0.088, "window": 0}, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
+	out := poisoned(t, d, want)
+	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.088, 0); err != nil {
+		t.Fatal(err)
+	}
+	compare(t, "paged_attention", "tables padded to 16 entries", down(t, d, out[0]), want, tol{atol: 1.0 / 64, rtol: 1.0 / 64})
+}
+
+// padTables widens the layout's block tables to m entries, padding with -1.
+func padTables(l pagedLayout, m int) pagedLayout {
+	if m <= l.M {
+		return l
+	}
+	t := tensor.New(l.tables.DType, l.N, m)
+	for i := range t.Numel() {
+		setInt(t, i, -1)
+	}
+	for s := range l.N {
+		for b := range l.M {
+			setInt(t, s*m+b, int(l.tables.At(s*l.M+b)))
+		}
+	}
+	l.tables, l.M = t, m
+	return l
+}
+
+// TestPagedDecodeTimings times, when LOOM_CUDA_TIMINGS=1, a decode step of paged_attention
+// (cache write, attention and, with splits, the merge) on Llama-3.1-8B shapes (H 32, KV 8,
+// D 128, bf16, blocks of 16, tables padded to a power of two as the engine pads them) with
+// random data, through a CUDA graph, and logs the plan and the bandwidth of the K and V it
+// reads.
+func TestPagedDecodeTimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	const H, KV, D, BS = 32, 8, 128, 16
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, tc := range []struct{ N, ctx int }{{64, 140}, {1, 140}, {16, 140}, {64, 1024}, {4, 1024}, {1, 1024}, {1, 8192}} {
+		ctx, nw := make([]int, tc.N), make([]int, tc.N)
+		for i := range ctx {
+			ctx[i], nw[i] = tc.ctx, 1
+		}
+		l := newPagedLayout(rng, tensor.I32, ctx, nw, BS, 0, -1, false)
+		l = padTables(l, nextPow2(l.M))
+		bf := tensor.BF16
+		q := randTensor(rng, bf, []int{1, H, l.S, D}, -2, 2)
+		k := randTensor(rng, bf, []int{1, KV, l.S, D}, -2, 2)
+		kc := randTensor(rng, bf, []int{l.NB, BS, KV, D}, -2, 2)
+		in := up(t, d, q, k, k, l.pos, kc, kc, l.slots, l.seqs, l.tables)
+		out := like(t, d, q)[0]
+		ws := pagedWorkspace(t, d, in)
+		p := planDecode(H, KV, l.S, D, l.M, BS, 2)
+		el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0) })
+		kv := float64(tc.N) * float64(tc.ctx+1) * KV * D * 2 * 2
+		t.Logf("paged decode N%-3d ctx %-5d M%-4d %2d warps %2d splits: %7.1f µs, %5.0f GB/s of K/V", tc.N, tc.ctx, l.M, p.warps, p.splits,
+			float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
 	}
 }

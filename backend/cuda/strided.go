@@ -3,6 +3,7 @@ package cuda
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"slices"
 )
 
@@ -56,38 +57,55 @@ func broadcastStrides(a, b []int) (shape []int, sa, sb []int64, err error) {
 	return shape, sa, sb, nil
 }
 
-// newStrided encodes a Strided struct (common.cuh) for the iteration space dims with source
-// strides ss and destination strides ds. Dimensions of size 1 are dropped and dimensions
-// contiguous in both operands merged, so any walk that collapses to 6 dimensions fits.
-func newStrided(dims []int, ss, ds []int64, srcOff, dstOff int64) ([]byte, error) {
-	var cd []int64
-	var cs, cdst []int64
+// stridedWalk is the iteration space of a strided copy after collapsing: dims (row-major)
+// with the source and destination element strides of each, and the offsets of element 0.
+type stridedWalk struct {
+	dims, ss, ds   []int64
+	srcOff, dstOff int64
+}
+
+// collapseWalk drops the dimensions of size 1 of the walk dims (source strides ss,
+// destination strides ds) and merges dimensions contiguous in both operands, so that any
+// walk that collapses to maxRank dimensions fits the kernels. A walk of one element is one
+// dimension of size 1.
+func collapseWalk(dims []int, ss, ds []int64, srcOff, dstOff int64) (stridedWalk, error) {
+	w := stridedWalk{srcOff: srcOff, dstOff: dstOff}
 	for i, n := range dims {
 		if n == 1 {
 			continue
 		}
-		if k := len(cd) - 1; k >= 0 && cs[k] == ss[i]*int64(n) && cdst[k] == ds[i]*int64(n) {
-			cd[k] *= int64(n)
-			cs[k], cdst[k] = ss[i], ds[i]
+		if k := len(w.dims) - 1; k >= 0 && w.ss[k] == ss[i]*int64(n) && w.ds[k] == ds[i]*int64(n) {
+			w.dims[k] *= int64(n)
+			w.ss[k], w.ds[k] = ss[i], ds[i]
 			continue
 		}
-		cd = append(cd, int64(n))
-		cs = append(cs, ss[i])
-		cdst = append(cdst, ds[i])
+		w.dims = append(w.dims, int64(n))
+		w.ss = append(w.ss, ss[i])
+		w.ds = append(w.ds, ds[i])
 	}
-	if len(cd) > maxRank {
-		return nil, fmt.Errorf("a strided walk over %v needs %d dimensions, kernels take %d", dims, len(cd), maxRank)
+	if len(w.dims) > maxRank {
+		return w, fmt.Errorf("a strided walk over %v needs %d dimensions, kernels take %d", dims, len(w.dims), maxRank)
 	}
-	if len(cd) == 0 { // a single element
-		cd, cs, cdst = []int64{1}, []int64{0}, []int64{0}
+	if len(w.dims) == 0 { // a single element
+		w.dims, w.ss, w.ds = []int64{1}, []int64{0}, []int64{0}
 	}
+	return w, nil
+}
+
+// n is the number of elements of the walk.
+func (w stridedWalk) n() int64 {
 	n := int64(1)
-	for _, x := range cd {
+	for _, x := range w.dims {
 		n *= x
 	}
+	return n
+}
+
+// encode returns the Strided struct (common.cuh) of the walk.
+func (w stridedWalk) encode() []byte {
 	b := make([]byte, 0, 8*(3*maxRank+3)+8)
 	put := func(v int64) { b = binary.LittleEndian.AppendUint64(b, uint64(v)) }
-	for _, arr := range [][]int64{cd, cs, cdst} {
+	for _, arr := range [][]int64{w.dims, w.ss, w.ds} {
 		for i := range maxRank {
 			if i < len(arr) {
 				put(arr[i])
@@ -96,12 +114,188 @@ func newStrided(dims []int, ss, ds []int64, srcOff, dstOff int64) ([]byte, error
 			}
 		}
 	}
-	put(n)
-	put(srcOff)
-	put(dstOff)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(cd)))
+	put(w.n())
+	put(w.srcOff)
+	put(w.dstOff)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(w.dims)))
 	b = binary.LittleEndian.AppendUint32(b, 0)
-	return b, nil
+	return b
+}
+
+// newStrided encodes a Strided struct (common.cuh) for the iteration space dims with source
+// strides ss and destination strides ds. Dimensions of size 1 are dropped and dimensions
+// contiguous in both operands merged, so any walk that collapses to 6 dimensions fits.
+func newStrided(dims []int, ss, ds []int64, srcOff, dstOff int64) ([]byte, error) {
+	w, err := collapseWalk(dims, ss, ds, srcOff, dstOff)
+	if err != nil {
+		return nil, err
+	}
+	return w.encode(), nil
+}
+
+// vectorizable reports whether the walk can move v consecutive elements at a time: its
+// innermost dimension is contiguous in both operands (strides 1) with a length that v
+// divides, and every other stride and both offsets are multiples of v, so that each vector
+// starts at a multiple of v elements.
+func (w stridedWalk) vectorizable(v int64) bool {
+	if v == 1 {
+		return true
+	}
+	r := len(w.dims) - 1
+	if w.ss[r] != 1 || w.ds[r] != 1 || w.dims[r]%v != 0 || w.srcOff%v != 0 || w.dstOff%v != 0 {
+		return false
+	}
+	for i := range r {
+		if w.ss[i]%v != 0 || w.ds[i]%v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// vectorized returns the walk in units of v elements (see vectorizable).
+func (w stridedWalk) vectorized(v int64) stridedWalk {
+	r := len(w.dims) - 1
+	out := stridedWalk{dims: slices.Clone(w.dims), ss: slices.Clone(w.ss), ds: slices.Clone(w.ds), srcOff: w.srcOff / v, dstOff: w.dstOff / v}
+	out.dims[r] /= v
+	for i := range r {
+		out.ss[i] /= v
+		out.ds[i] /= v
+	}
+	return out
+}
+
+// fits32 reports whether the walk's element count and every offset it reaches in either
+// operand are below 2^31, so that 32-bit index math (Strided32) covers it.
+func (w stridedWalk) fits32() bool {
+	const lim = 1<<31 - 1
+	if w.srcOff < 0 || w.dstOff < 0 || w.srcOff > lim || w.dstOff > lim {
+		return false
+	}
+	n, so, do := int64(1), w.srcOff, w.dstOff
+	for i, d := range w.dims {
+		if d > lim || w.ss[i] < 0 || w.ds[i] < 0 || w.ss[i] > lim || w.ds[i] > lim {
+			return false
+		}
+		n *= d
+		so += (d - 1) * w.ss[i]
+		do += (d - 1) * w.ds[i]
+		if n > lim || so > lim || do > lim {
+			return false
+		}
+	}
+	return true
+}
+
+// fastDiv returns the multiplier and shift that divide by d (1 <= d < 2^31) as
+// q = (umulhi(i, mul) + i) >> shr, exact for every i < 2^31 (fast_div in common.cuh): the
+// round-up method of Granlund and Montgomery with l = ceil(log2 d) and
+// mul = floor(2^32 * (2^l - d) / d) + 1; the sum cannot overflow 32 bits for such i.
+func fastDiv(d uint32) (mul, shr uint32) {
+	l := uint32(bits.Len32(d - 1)) // ceil(log2 d); 0 for d = 1
+	m := (uint64(1)<<32)*((uint64(1)<<l)-uint64(d))/uint64(d) + 1
+	return uint32(m), l
+}
+
+// encode32 returns the Strided32 struct (common.cuh) of a walk that fits32.
+func (w stridedWalk) encode32() []byte {
+	b := make([]byte, 0, 4*(5*maxRank+4))
+	put := func(v uint32) { b = binary.LittleEndian.AppendUint32(b, v) }
+	var mul, shr [maxRank]uint32
+	for i, d := range w.dims {
+		mul[i], shr[i] = fastDiv(uint32(d))
+	}
+	for i := range maxRank {
+		put(uint32(at(w.dims, i)))
+	}
+	for _, arr := range [][maxRank]uint32{mul, shr} {
+		for _, v := range arr {
+			put(v)
+		}
+	}
+	for i := range maxRank {
+		put(uint32(at(w.ss, i)))
+	}
+	for i := range maxRank {
+		put(uint32(at(w.ds, i)))
+	}
+	put(uint32(w.n()))
+	put(uint32(w.srcOff))
+	put(uint32(w.dstOff))
+	put(uint32(len(w.dims)))
+	return b
+}
+
+// at is xs[i], or 0 past its end.
+func at(xs []int64, i int) int64 {
+	if i < len(xs) {
+		return xs[i]
+	}
+	return 0
+}
+
+// forceGeneralCopy makes copyStrided run every walk through the general kernels (64-bit
+// index math, one element per thread), as before the fast paths; tests set it to compare
+// the two.
+var forceGeneralCopy bool
+
+// copyPlan is the kernel of one strided copy: its name, the walk in the kernel's units
+// (elements, or vectors of elements) and whether it takes a Strided32.
+type copyPlan struct {
+	name string
+	w    stridedWalk
+	is32 bool
+}
+
+// args is the walk's kernel argument.
+func (p copyPlan) args() []byte {
+	if p.is32 {
+		return p.w.encode32()
+	}
+	return p.w.encode()
+}
+
+// planCopy picks the kernel of a strided copy of walk w from src to dst (element sizes
+// srcSize and dstSize; device addresses srcPtr and dstPtr). castName is "" for a raw
+// copy (one dtype), else the dtype pair of the conversion ("bf16_f32"). A raw copy moves
+// vectors of up to 16 bytes and a cast vectors of up to 4 elements when the walk is
+// vectorizable and both addresses are aligned to the vectors, and takes the 32-bit kernel
+// when the walk, in those units, fits32; else the general kernel of one element.
+func planCopy(w stridedWalk, srcSize, dstSize int, srcPtr, dstPtr uint64, castName string) copyPlan {
+	general := copyPlan{name: fmt.Sprintf("copy_b%d", srcSize), w: w}
+	if castName != "" {
+		general.name = "cast_" + castName
+	}
+	if forceGeneralCopy {
+		return general
+	}
+	aligned := func(v int) bool {
+		return w.vectorizable(int64(v)) && srcPtr%uint64(v*srcSize) == 0 && dstPtr%uint64(v*dstSize) == 0
+	}
+	if castName != "" {
+		v := 4
+		for v > 1 && !aligned(v) {
+			v /= 2
+		}
+		vw := w.vectorized(int64(v))
+		if !vw.fits32() {
+			return general
+		}
+		return copyPlan{name: fmt.Sprintf("cast32_%s_v%d", castName, v), w: vw, is32: true}
+	}
+	v := 1
+	for _, bytes := range []int{16, 8, 4, 2} {
+		if bytes > srcSize && bytes%srcSize == 0 && aligned(bytes/srcSize) {
+			v = bytes / srcSize
+			break
+		}
+	}
+	vw := w.vectorized(int64(v))
+	p := copyPlan{name: fmt.Sprintf("copy_b%d", v*srcSize), w: vw}
+	if vw.fits32() {
+		p.name, p.is32 = fmt.Sprintf("copy32_b%d", v*srcSize), true
+	}
+	return p
 }
 
 // permuted returns shape and strides of x read through a transpose: output axis i is input

@@ -146,3 +146,65 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_wait();
   pdl_trigger();
 }
+
+// VecN is V elements of type T loaded or stored as one vector (V * sizeof(T) is 2, 4, 8 or
+// 16 bytes; the address must be aligned to that size).
+template <class T, int V>
+struct alignas(sizeof(T) * V) VecN {
+  T v[V];
+};
+
+// vload widens the V elements of X at p (aligned to V elements) to floats; vstore rounds V
+// floats to O's type and stores them at p with one vector store.
+template <class X, int V>
+__device__ __forceinline__ void vload(const typename X::T* p, float* o) {
+  const VecN<typename X::T, V> r = *(const VecN<typename X::T, V>*)p;
+#pragma unroll
+  for (int e = 0; e < V; ++e) o[e] = X::load(r.v, e);
+}
+
+template <class O, int V>
+__device__ __forceinline__ void vstore(typename O::T* p, const float* x) {
+  VecN<typename O::T, V> r;
+#pragma unroll
+  for (int e = 0; e < V; ++e) O::store(r.v, e, x[e]);
+  *(VecN<typename O::T, V>*)p = r;
+}
+
+// Strided32 is Strided for walks whose element counts and offsets all fit in 31 bits (the
+// host checks): 32-bit index math, the divisions by dims done as a multiply and a shift
+// (q = (umulhi(i, mul) + i) >> shr, exact for i < 2^31; see fastDiv in strided.go).
+struct Strided32 {
+  unsigned dims[MAX_RANK];
+  unsigned mul[MAX_RANK];
+  unsigned shr[MAX_RANK];
+  unsigned ss[MAX_RANK];
+  unsigned ds[MAX_RANK];
+  unsigned n;
+  unsigned src_off;
+  unsigned dst_off;
+  int rank;
+};
+
+__device__ __forceinline__ unsigned fast_div(unsigned i, unsigned mul, unsigned shr) {
+  return (__umulhi(i, mul) + i) >> shr;
+}
+
+__device__ __forceinline__ void strided_offsets32(const Strided32& p, unsigned i, unsigned* so, unsigned* dof) {
+  unsigned s = p.src_off, d = p.dst_off;
+#pragma unroll
+  for (int r = MAX_RANK - 1; r >= 0; --r) {
+    if (r < p.rank) {
+      unsigned idx = i;
+      if (r > 0) {  // the outermost index is what is left
+        const unsigned q = fast_div(i, p.mul[r], p.shr[r]);
+        idx = i - q * p.dims[r];
+        i = q;
+      }
+      s += idx * p.ss[r];
+      d += idx * p.ds[r];
+    }
+  }
+  *so = s;
+  *dof = d;
+}

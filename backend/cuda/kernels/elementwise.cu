@@ -98,3 +98,71 @@ extern "C" __global__ void copy_b1(unsigned char* dst, const unsigned char* src,
 extern "C" __global__ void copy_b2(unsigned short* dst, const unsigned short* src, Strided p) { copy_impl(dst, src, p); }
 extern "C" __global__ void copy_b4(unsigned int* dst, const unsigned int* src, Strided p) { copy_impl(dst, src, p); }
 extern "C" __global__ void copy_b8(unsigned long long* dst, const unsigned long long* src, Strided p) { copy_impl(dst, src, p); }
+extern "C" __global__ void copy_b16(uint4* dst, const uint4* src, Strided p) { copy_impl(dst, src, p); }
+
+// The 32-bit forms of the strided copies (Strided32: the host checks that counts and
+// offsets fit). The host also folds a row that is contiguous in both operands into vectors
+// of up to 16 bytes where the row's length, offsets and strides allow, so that a copy_b2
+// of rows of 128 bf16 runs as copy32_b16. Each thread moves up to COPY_UNROLL elements,
+// all loads before the stores; the grid is at most what one pass of that needs.
+#define COPY_UNROLL 4
+
+template <class E>
+__device__ __forceinline__ void copy32_impl(E* dst, const E* src, const Strided32& p) {
+  const unsigned step = gridDim.x * blockDim.x;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += COPY_UNROLL * step) {
+    E v[COPY_UNROLL];
+    unsigned dof[COPY_UNROLL];
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; ++u) {
+      const unsigned j = i + u * step;
+      if (j < p.n) {
+        unsigned so;
+        strided_offsets32(p, j, &so, &dof[u]);
+        v[u] = src[so];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; ++u)
+      if (i + u * step < p.n) dst[dof[u]] = v[u];
+  }
+}
+
+extern "C" __global__ void copy32_b1(unsigned char* dst, const unsigned char* src, Strided32 p) { copy32_impl(dst, src, p); }
+extern "C" __global__ void copy32_b2(unsigned short* dst, const unsigned short* src, Strided32 p) { copy32_impl(dst, src, p); }
+extern "C" __global__ void copy32_b4(unsigned int* dst, const unsigned int* src, Strided32 p) { copy32_impl(dst, src, p); }
+extern "C" __global__ void copy32_b8(uint2* dst, const uint2* src, Strided32 p) { copy32_impl(dst, src, p); }
+extern "C" __global__ void copy32_b16(uint4* dst, const uint4* src, Strided32 p) { copy32_impl(dst, src, p); }
+
+// cast32: the 32-bit cast, V elements (one vector of each operand) per index of the walk,
+// whose strides and offsets the host gives in units of V elements.
+template <class S, class D, int V>
+__device__ __forceinline__ void cast32_impl(typename D::T* dst, const typename S::T* src, const Strided32& p) {
+  const unsigned step = gridDim.x * blockDim.x;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += COPY_UNROLL * step) {
+    float v[COPY_UNROLL][V];
+    unsigned dof[COPY_UNROLL];
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; ++u) {
+      const unsigned j = i + u * step;
+      if (j < p.n) {
+        unsigned so;
+        strided_offsets32(p, j, &so, &dof[u]);
+        vload<S, V>(src + (size_t)so * V, v[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; ++u)
+      if (i + u * step < p.n) vstore<D, V>(dst + (size_t)dof[u] * V, v[u]);
+  }
+}
+
+#define CAST32(SN, DN, S, D, V)                                                                                      \
+  extern "C" __global__ void cast32_##SN##_##DN##_v##V(D::T* dst, const S::T* src, Strided32 p) {                    \
+    cast32_impl<S, D, V>(dst, src, p);                                                                               \
+  }
+#define CAST32_ALL(SN, DN, S, D) CAST32(SN, DN, S, D, 1) CAST32(SN, DN, S, D, 2) CAST32(SN, DN, S, D, 4)
+CAST32_ALL(f32, f32, F32, F32)
+CAST32_ALL(f32, bf16, F32, BF16)
+CAST32_ALL(bf16, f32, BF16, F32)
+CAST32_ALL(bf16, bf16, BF16, BF16)

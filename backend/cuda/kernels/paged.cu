@@ -12,15 +12,18 @@
 //
 // Kernels (each launch's grid, block and shared memory depend on shapes only, so that calls
 // can be captured in CUDA graphs; lengths are read on the device):
-//   - paged_write: this step's k, v rows into their slots. One block per token.
-//   - paged_decode: split-KV flash decoding. One block of DEC_WARPS warps per (split, KV
-//     head and group of up to GP of its query heads, token); the split's blocks of the
-//     token's table row are staged in shared memory, keys and values are read straight from
-//     the cache with vector loads (LPR lanes share a row, VEC elements each, CPL chunks per
-//     lane), each warp keeps its own online softmax, then the warps are merged through
-//     shared memory. With one split the block writes out; otherwise it writes a partial
-//     (max, sum, accumulator[D]) per query head to the workspace and paged_combine merges
-//     the splits.
+//   - paged_write: this step's k, v rows into their slots. One block per token, vector
+//     loads and stores.
+//   - paged_decode: split-KV flash decoding. One block of 4 to 16 warps (the host picks
+//     them and the splits from the shapes: more warps, then splits, only while the GPU has
+//     room and the context bound M*BS gives each warp enough keys) per (split, KV head and
+//     group of up to GP of its query heads, token); the split's blocks of the token's table
+//     row and the queries are staged in shared memory, keys and values are read straight
+//     from the cache with vector loads (LPR lanes share a row, VEC elements each, CPL
+//     chunks per lane; the next step's keys load during the current step), each warp keeps
+//     its own online softmax, then the warps are merged through shared memory. With one
+//     split the block writes out; otherwise it writes a partial (max, sum,
+//     accumulator[D]) per query head to the workspace and paged_combine merges the splits.
 //   - paged_prefill: tiled flash attention for many tokens: a block covers PF_BR consecutive
 //     rows of the (token, query head of the KV head's group) space, i.e. several tokens and
 //     all query heads sharing one KV head; keys and values of the tokens' sequence go
@@ -59,30 +62,58 @@ __device__ __forceinline__ void report(int* err, int code, i64 a, i64 b, i64 c) 
   }
 }
 
+// paged_write_rows writes token t's KVH head rows of k and v to slot, V elements per
+// thread and vector (D a multiple of V, every operand aligned to V elements). The loads are
+// issued before the slot's check, so that their latency overlaps the slot's.
+template <class X, class C, int V>
+__device__ __forceinline__ void paged_write_rows(typename C::T* kc, typename C::T* vc, const typename X::T* k,
+                                                 const typename X::T* v, int KVH, int S, int D, int t, i64 slot,
+                                                 bool ok) {
+  const int per = D / V;
+  for (int i = threadIdx.x; i < KVH * per; i += blockDim.x) {
+    const int h = i / per, c = i - h * per;
+    const i64 src = ((i64)h * S + t) * D + (i64)c * V;
+    float kf[V], vf[V];
+    vload<X, V>(k + src, kf);
+    vload<X, V>(v + src, vf);
+    if (ok) {
+      const i64 dst = (slot * KVH + h) * D + (i64)c * V;
+      vstore<C, V>(kc + dst, kf);
+      vstore<C, V>(vc + dst, vf);
+    }
+  }
+}
+
+// paged_write: one block per token; vec (8, 4, 2 or 1, chosen by the host) elements per
+// vector.
 template <class X, class C>
 __device__ __forceinline__ void paged_write_impl(typename C::T* kc, typename C::T* vc, const typename X::T* k,
                                                  const typename X::T* v, const void* slots, int s64, int KVH,
-                                                 int S, int D, i64 nslots, int* err) {
+                                                 int S, int D, i64 nslots, int vec, int* err) {
   const int t = blockIdx.x;
   const i64 slot = load_idx(slots, t, s64);
-  if (slot < 0 || slot >= nslots) {
-    if (threadIdx.x == 0) report(err, 2, slot, t, nslots);
-    return;
-  }
-  for (int i = threadIdx.x; i < KVH * D; i += blockDim.x) {
-    int h = i / D, d = i - h * D;
-    i64 src = ((i64)h * S + t) * D + d;
-    i64 dst = slot * KVH * D + i;
-    C::store(kc, dst, X::load(k, src));
-    C::store(vc, dst, X::load(v, src));
+  const bool ok = slot >= 0 && slot < nslots;
+  if (!ok && threadIdx.x == 0) report(err, 2, slot, t, nslots);
+  switch (vec) {
+    case 8:
+      paged_write_rows<X, C, 8>(kc, vc, k, v, KVH, S, D, t, slot, ok);
+      break;
+    case 4:
+      paged_write_rows<X, C, 4>(kc, vc, k, v, KVH, S, D, t, slot, ok);
+      break;
+    case 2:
+      paged_write_rows<X, C, 2>(kc, vc, k, v, KVH, S, D, t, slot, ok);
+      break;
+    default:
+      paged_write_rows<X, C, 1>(kc, vc, k, v, KVH, S, D, t, slot, ok);
   }
 }
 
 #define PAGED_WRITE(X, XN, C, CN)                                                                                  \
   extern "C" __global__ void paged_write_##XN##_##CN(C::T* kc, C::T* vc, const X::T* k, const X::T* v,           \
                                                      const void* slots, int s64, int KVH, int S, int D,           \
-                                                     i64 nslots, int* err) {                                      \
-    paged_write_impl<X, C>(kc, vc, k, v, slots, s64, KVH, S, D, nslots, err);                                    \
+                                                     i64 nslots, int vec, int* err) {                             \
+    paged_write_impl<X, C>(kc, vc, k, v, slots, s64, KVH, S, D, nslots, vec, err);                               \
   }
 
 // unpack widens n 32-bit words of cache elements to floats.
@@ -138,11 +169,75 @@ struct Raw {
   }
 };
 
-#define DEC_WARPS 4
+// The decode kernel's blocks have up to DEC_MAX_WARPS warps (the host picks 4, 8 or 16).
+#define DEC_MAX_WARPS 16
 
-// paged_decode: see the file comment. Grid (splits, KV*hgroups, S), block DEC_WARPS*32,
-// shared memory: ints for the split's table entries (maxb of them), then floats for the
-// warps' merge (DEC_WARPS * GP * (D + 2)). U keys per lane group and round.
+// TReduce sums each of a lane group's N partial values across the lanes of the group (lane
+// bits O, O/2, ..., 1) by halving: at each bit, a lane keeps one half of its values, sends
+// the other half to its partner and adds what it receives, so N - 1 shuffles leave each
+// lane max(1, N / (2*O)) of the sums (then plain butterflies finish). A lane with lane bits
+// b (of O, O/2, ...) holds the sums of indices b * N / (2*O) + i; when N < 2*O the lanes that
+// differ only in the low bits hold the same sum.
+template <int N, int O>
+struct TReduce {
+  static __device__ __forceinline__ void run(float* v, int lane) {
+    if constexpr (O > 0) {
+      if constexpr (N > 1) {
+        constexpr int h = N / 2;
+        const bool up = (lane & O) != 0;
+#pragma unroll
+        for (int i = 0; i < h; ++i) {
+          const float send = up ? v[i] : v[i + h];
+          const float keep = up ? v[i + h] : v[i];
+          v[i] = keep + __shfl_xor_sync(FULL_MASK, send, O);
+        }
+        TReduce<h, O / 2>::run(v, lane);
+      } else {
+        v[0] += __shfl_xor_sync(FULL_MASK, v[0], O);
+        TReduce<1, O / 2>::run(v, lane);
+      }
+    }
+  }
+};
+
+// lds_vec reads N floats at p (aligned to 16 bytes when N is a multiple of 4, to 8 when it is
+// even) with the widest shared-memory loads that fit.
+template <int N>
+__device__ __forceinline__ void lds_vec(const float* p, float* o) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 t = ((const float4*)p)[i];
+      o[4 * i] = t.x, o[4 * i + 1] = t.y, o[4 * i + 2] = t.z, o[4 * i + 3] = t.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 t = ((const float2*)p)[i];
+      o[2 * i] = t.x, o[2 * i + 1] = t.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] = p[i];
+  }
+}
+
+// paged_decode: see the file comment. Grid (splits, KV*hgroups, S), block of nw warps
+// (blockDim.x = 32*nw, nw <= DEC_MAX_WARPS). Shared memory: ints for the split's table
+// entries (maxb of them, rounded up to 4), then per warp a work area of WORK floats
+// (corrections [GP] padded to 4, then the step's scores [NS]), then floats for the warps'
+// merge (nw * GP * (D + 2)).
+//
+// A step of a warp covers STEP = KPW * U consecutive positions: lane group kg (LPR lanes,
+// VEC elements per vector, CPL vectors per lane) reads keys u * KPW + kg. Each lane forms
+// partial scores of its elements for its U keys and GP heads; TReduce sums them across the
+// group, leaving each score in one lane (or REP lanes), which rounds it to R, scales it and
+// writes it to the work area. Then lane i takes scores i, i + 32, ... (all of head i % GP)
+// for the online softmax: the step's maximum per head by shuffles, the correction and the
+// probabilities, which go back to the work area; every lane reads its group's
+// probabilities and the corrections to update its accumulators [GP][EPL] with the values.
+// The keys of the next step are loaded while the current one is scored and accumulated,
+// and the values of a step while its keys are scored.
 template <class X, class C, class R, int VEC, int LPR, int CPL, int GP, int U>
 __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* part, const typename X::T* q,
                                                   const typename C::T* kc, const typename C::T* vc,
@@ -150,11 +245,23 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
                                                   const void* tables, int t64, int H, int KVH, int S, int D,
                                                   int NB, int BS, int N, int M, float scale, int window, int maxb,
                                                   int* err) {
-  constexpr int KPW = 32 / LPR;    // keys per warp and unroll step
-  constexpr int EPL = VEC * CPL;   // elements of a row per lane
+  constexpr int KPW = 32 / LPR;                     // keys per warp and unroll step
+  constexpr int EPL = VEC * CPL;                    // elements of a row per lane
+  constexpr int NV = U * GP;                        // scores of a lane group and step
+  constexpr int NR = NV >= LPR ? NV / LPR : 1;      // scores a lane holds after TReduce
+  constexpr int REP = NV >= LPR ? 1 : LPR / NV;     // lanes holding each of them
+  constexpr int NS = KPW * NV;                      // scores of a warp and step
+  constexpr int SPL = NS >= 32 ? NS / 32 : 1;       // scores per lane in the softmax
+  constexpr int STEP = KPW * U;                     // positions of a warp and step
+  constexpr int GPPAD = (GP + 3) & ~3;
+  constexpr int WORK = GPPAD + ((NS + 3) & ~3);     // floats of a warp's work area
   extern __shared__ int dsm[];
-  int* sblk = dsm;                                   // [maxb]
-  float* sred = (float*)(dsm + ((maxb + 3) & ~3));   // [DEC_WARPS][GP][D+2]
+  const int nw = blockDim.x >> 5;
+  const int Dp = (D + 3) & ~3;
+  int* sblk = dsm;                                      // [maxb]
+  float* sq = (float*)(dsm + ((maxb + 3) & ~3));        // [GP][Dp]
+  float* swork = sq + GP * Dp;                          // [nw][WORK]
+  float* sred = swork + nw * WORK;                      // [nw][GP][D+2]
 
   const int splits = gridDim.x, sp = blockIdx.x;
   const int G = H / KVH;
@@ -167,6 +274,13 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   const int kg = lane / LPR, c0 = lane - kg * LPR;
   const int nch = D / VEC;
   const bool reporter = sp == 0 && blockIdx.y == 0 && threadIdx.x == 0;
+
+  // The query first (to shared memory, which every warp reads): its loads overlap those
+  // of the indices.
+  for (int i = threadIdx.x; i < GP * Dp; i += blockDim.x) {
+    const int j = i / Dp, d = i - j * Dp;
+    sq[i] = (j < nh && d < D) ? X::load(q, ((i64)(h0 + j) * S + t) * D + d) : 0.0f;
+  }
 
   const i64 hi = load_idx(pos, t, p64);
   const i64 seq = load_idx(seqs, t, q64);
@@ -198,51 +312,55 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   }
   __syncthreads();
 
-  float qr[GP][EPL];
+  float m_own = -LOOM_INF, l_own = 0.0f;  // the softmax state of head lane % GP (l: this lane's share)
+  float acc[GP][EPL];
 #pragma unroll
   for (int j = 0; j < GP; ++j)
 #pragma unroll
-    for (int c = 0; c < CPL; ++c)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        int d = (c0 + c * LPR) * VEC + e;
-        qr[j][c * VEC + e] = (j < nh && c0 + c * LPR < nch) ? X::load(q, ((i64)(h0 + j) * S + t) * D + d) : 0.0f;
-      }
-  float m[GP], l[GP], acc[GP][EPL];
-#pragma unroll
-  for (int j = 0; j < GP; ++j) {
-    m[j] = -LOOM_INF;
-    l[j] = 0.0f;
-#pragma unroll
     for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
-  }
+  float* scorr = swork + warp * WORK;  // [GP]
+  float* sprob = scorr + GPPAD;        // [NS]: scores, then probabilities
   const float sl2 = scale * LOG2E;
   if (nb > 0) {
-    const int p0 = (int)max(lo, (i64)bstart * BS), p1 = (int)min(hi, (i64)(bend + 1) * BS - 1);
-    const i64 kvstride = (i64)KVH * D;
-    for (int base = p0 + warp * KPW * U; base <= p1; base += DEC_WARPS * KPW * U) {
-      Raw<C, VEC> kr[U][CPL], vr[U][CPL];
-      bool valid[U];
+    // Positions fit in 31 bits (the host checks M*BS), so p / BS is a multiply and a shift.
+    const unsigned p0 = (unsigned)max(lo, (i64)bstart * BS), p1 = (unsigned)min(hi, (i64)(bend + 1) * BS - 1);
+    const unsigned bs = (unsigned)BS, bsh = 32 - __clz(bs - 1);
+    const unsigned bmul = (unsigned)(((1ull << 32) * ((1ull << bsh) - bs)) / bs + 1);
+    // slot[u]: the cache slot of key u of this lane's group, -1 when there is none (past
+    // the split or in a bad block). Slots fit in 31 bits (the host checks NB*BS).
+    int slot[U];
+    Raw<C, VEC> kr[U][CPL], vr[U][CPL];
+    auto locate = [&](unsigned base) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int p = base + u * KPW + kg;
-        int blk = -1;
-        if (p <= p1) blk = sblk[p / BS - bstart];
-        valid[u] = blk >= 0;
-        const i64 off = valid[u] ? ((i64)blk * BS + p % BS) * kvstride + (i64)g * D : 0;
+        const unsigned p = base + u * KPW + kg;
+        const unsigned b = fast_div(min(p, p1), bmul, bsh);
+        const int blk = sblk[b - bstart];
+        slot[u] = p <= p1 && blk >= 0 ? blk * BS + (int)(p - b * bs) : -1;
+      }
+    };
+    auto fetch = [&](Raw<C, VEC>(&r)[U][CPL], const typename C::T* cache) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const typename C::T* row = cache + ((i64)slot[u] * KVH + g) * D;
 #pragma unroll
         for (int c = 0; c < CPL; ++c) {
           const int ch = c0 + c * LPR;
-          if (valid[u] && ch < nch) {
-            kr[u][c].load(kc + off + ch * VEC);
-            vr[u][c].load(vc + off + ch * VEC);
-          } else {
-            kr[u][c].zero();
-            vr[u][c].zero();
-          }
+          if (slot[u] >= 0 && ch < nch)
+            r[u][c].load(row + ch * VEC);
+          else
+            r[u][c].zero();
         }
       }
-      float s[U][GP];
+    };
+    unsigned base = p0 + warp * STEP;
+    locate(base);
+    fetch(kr, kc);
+    for (; base <= p1; base += nw * STEP) {
+      unsigned valid = 0;
+#pragma unroll
+      for (int u = 0; u < U; ++u) valid |= slot[u] >= 0 ? 1u << u : 0u;
+      float s[NV];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float kf[EPL];
@@ -250,69 +368,103 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
         for (int c = 0; c < CPL; ++c) kr[u][c].widen(kf + c * VEC);
 #pragma unroll
         for (int j = 0; j < GP; ++j) {
+          float qv[EPL];
+#pragma unroll
+          for (int c = 0; c < CPL; ++c) {
+            const int ch = c0 + c * LPR;
+            if (ch < nch) {
+              lds_vec<VEC>(sq + j * Dp + ch * VEC, qv + c * VEC);
+            } else {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) qv[c * VEC + e] = 0.0f;
+            }
+          }
           float a = 0.0f;
 #pragma unroll
-          for (int e = 0; e < EPL; ++e) a = __fmaf_rn(qr[j][e], kf[e], a);
-          s[u][j] = a;
+          for (int e = 0; e < EPL; ++e) a = __fmaf_rn(qv[e], kf[e], a);
+          s[u * GP + j] = a;
         }
       }
+      fetch(vr, vc);             // the values load while the scores are merged,
+      locate(base + nw * STEP);  // and the next step's keys during the rest of the step
+      fetch(kr, kc);
+      TReduce<NV, LPR / 2>::run(s, lane);
+      __syncwarp();  // the previous step's readers of the work area are done
+      if (c0 % REP == 0) {
 #pragma unroll
-      for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int j = 0; j < GP; ++j) s[u][j] += __shfl_xor_sync(FULL_MASK, s[u][j], o);
-#pragma unroll
-      for (int j = 0; j < GP; ++j) {
-        float tm = -LOOM_INF;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          s[u][j] = valid[u] ? R::round(s[u][j]) * sl2 : -LOOM_INF;
-          tm = fmaxf(tm, s[u][j]);
+        for (int i = 0; i < NR; ++i) {
+          const int idx = (c0 / REP) * NR + i, u = idx / GP;
+          sprob[kg * NV + idx] = (valid >> u) & 1u ? R::round(s[i]) * sl2 : -LOOM_INF;
         }
-        const float mnew = fmaxf(m[j], warp_max(tm));
-        if (mnew == -LOOM_INF) continue;  // uniform across the warp
-        const float corr = exp2f(m[j] - mnew);
-        l[j] *= corr;
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[j][e] *= corr;
-        m[j] = mnew;
-#pragma unroll
-        for (int u = 0; u < U; ++u) s[u][j] = exp2f(s[u][j] - mnew);
       }
+      __syncwarp();
+      float sc[SPL];
+      float tm = -LOOM_INF;
+#pragma unroll
+      for (int r = 0; r < SPL; ++r) {
+        const int i = lane + 32 * r;
+        sc[r] = i < NS ? sprob[i] : -LOOM_INF;
+        tm = fmaxf(tm, sc[r]);
+      }
+#pragma unroll
+      for (int o = GP; o < 32; o <<= 1) tm = fmaxf(tm, __shfl_xor_sync(FULL_MASK, tm, o));
+      const float mnew = fmaxf(m_own, tm);
+      const float corr = mnew == -LOOM_INF ? 1.0f : exp2f(m_own - mnew);
+      float psum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < SPL; ++r) {
+        const int i = lane + 32 * r;
+        const float pr = mnew == -LOOM_INF ? 0.0f : exp2f(sc[r] - mnew);
+        if (i < NS) sprob[i] = pr;
+        psum += pr;
+      }
+      l_own = l_own * corr + psum;
+      m_own = mnew;
+      if (lane < GP) scorr[lane] = corr;
+      const bool rescale = __any_sync(FULL_MASK, corr != 1.0f);
+      __syncwarp();
+      if (rescale) {
+        float cr[GP];
+        lds_vec<GP>(scorr, cr);
+#pragma unroll
+        for (int j = 0; j < GP; ++j)
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) acc[j][e] *= cr[j];
+      }
+      float pr[NV];
+      lds_vec<NV>(sprob + kg * NV, pr);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float vf[EPL];
 #pragma unroll
         for (int c = 0; c < CPL; ++c) vr[u][c].widen(vf + c * VEC);
 #pragma unroll
-        for (int j = 0; j < GP; ++j) {
-          if (m[j] == -LOOM_INF) continue;
-          l[j] += s[u][j];
+        for (int j = 0; j < GP; ++j)
 #pragma unroll
-          for (int e = 0; e < EPL; ++e) acc[j][e] = __fmaf_rn(s[u][j], vf[e], acc[j][e]);
-        }
+          for (int e = 0; e < EPL; ++e) acc[j][e] = __fmaf_rn(pr[u * GP + j], vf[e], acc[j][e]);
       }
     }
   }
-  // Merge the key groups of the warp (lanes that share c0), then the warps.
+  // Merge the key groups of the warp (lanes that share c0) and the lanes of each head's sum,
+  // then the warps.
 #pragma unroll
   for (int o = LPR; o < 32; o <<= 1)
 #pragma unroll
-    for (int j = 0; j < GP; ++j) {
-      l[j] += __shfl_xor_sync(FULL_MASK, l[j], o);
+    for (int j = 0; j < GP; ++j)
 #pragma unroll
       for (int e = 0; e < EPL; ++e) acc[j][e] += __shfl_xor_sync(FULL_MASK, acc[j][e], o);
-    }
-  const int rec = D + 2;
 #pragma unroll
-  for (int j = 0; j < GP; ++j) {
-    float* r = sred + (warp * GP + j) * rec;
-    if (lane == 0) {
-      r[0] = m[j];
-      r[1] = l[j];
-    }
-    if (kg == 0) {
+  for (int o = GP; o < 32; o <<= 1) l_own += __shfl_xor_sync(FULL_MASK, l_own, o);
+  const int rec = D + 2;
+  if (lane < GP) {
+    float* r = sred + (warp * GP + lane) * rec;
+    r[0] = m_own;
+    r[1] = l_own;
+  }
+  if (kg == 0) {
+#pragma unroll
+    for (int j = 0; j < GP; ++j) {
+      float* r = sred + (warp * GP + j) * rec;
 #pragma unroll
       for (int c = 0; c < CPL; ++c) {
         const int ch = c0 + c * LPR;
@@ -326,14 +478,12 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
     const int j = i / D, d = i - j * D;
     float mx = -LOOM_INF;
-#pragma unroll
-    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, sred[(w * GP + j) * rec]);
+    for (int w = 0; w < nw; ++w) mx = fmaxf(mx, sred[(w * GP + j) * rec]);
     float L = 0.0f, A = 0.0f;
     if (mx != -LOOM_INF) {
-#pragma unroll
-      for (int w = 0; w < DEC_WARPS; ++w) {
+      for (int w = 0; w < nw; ++w) {
         const float* r = sred + (w * GP + j) * rec;
-        const float f = exp2f(r[0] - mx);
+        const float f = exp2f(r[0] - mx);  // 0 for a warp that saw no key (max -inf)
         L += r[1] * f;
         A += r[2 + d] * f;
       }
@@ -353,7 +503,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
 }
 
 #define PAGED_DECODE(X, XN, C, CN, VEC, LPR, CPL, GP, U)                                                          \
-  extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                                    \
+  extern "C" __global__ void __launch_bounds__(DEC_MAX_WARPS * 32)                                                \
       paged_decode_##XN##_##CN##_v##VEC##_l##LPR##_c##CPL##_g##GP##_u##U(                                         \
           X::T* out, float* part, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64,        \
           const void* seqs, int q64, const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS,   \
