@@ -8,11 +8,15 @@ import "os"
 // finishing, which hides most of a small kernel's launch and ramp-up inside a CUDA graph.
 // TestPDLFilesWait checks the rule for every file listed.
 var pdlFiles = map[string]bool{
-	"allreduce.cu": true,
-	"embedding.cu": true,
-	"gemv.cu":      true,
-	"packed.cu":    true,
-	"rope.cu":      true,
+	"allreduce.cu":   true,
+	"elementwise.cu": true,
+	"flash.cu":       true,
+	"norm.cu":        true,
+	"paged.cu":       true,
+	"embedding.cu":   true,
+	"gemv.cu":        true,
+	"packed.cu":      true,
+	"rope.cu":        true,
 }
 
 // usePDL reports whether a device of compute capability major launches the kernels of

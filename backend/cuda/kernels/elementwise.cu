@@ -11,6 +11,7 @@ template <int OP> __device__ __forceinline__ float binop(float x, float y) { ret
 template <class A, class B, int OP>
 __device__ __forceinline__ void binary_flat_impl(typename Promote<A, B>::type::T* out, const typename A::T* a,
                                                  const typename B::T* b, i64 n) {
+  pdl_begin();
   typedef typename Promote<A, B>::type O;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     O::store(out, i, binop<OP>(A::load(a, i), B::load(b, i)));
@@ -21,6 +22,7 @@ __device__ __forceinline__ void binary_flat_impl(typename Promote<A, B>::type::T
 template <class A, class B, int OP>
 __device__ __forceinline__ void binary_bcast_impl(typename Promote<A, B>::type::T* out, const typename A::T* a,
                                                   const typename B::T* b, Strided p) {
+  pdl_begin();
   typedef typename Promote<A, B>::type O;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     i64 oa, ob;
@@ -50,6 +52,7 @@ BINARY(mul, OP_MUL, bf16_bf16, BF16, BF16)
 template <class G, class U>
 __device__ __forceinline__ void swiglu_impl(typename Promote<G, U>::type::T* out, const typename G::T* g,
                                             const typename U::T* u, i64 n) {
+  pdl_begin();
   typedef typename Promote<G, U>::type O;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     float x = G::load(g, i);
@@ -70,6 +73,7 @@ SWIGLU(swiglu_bf16_bf16, BF16, BF16)
 // Strided copy converting between float dtypes.
 template <class S, class D>
 __device__ __forceinline__ void cast_impl(typename D::T* dst, const typename S::T* src, Strided p) {
+  pdl_begin();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     i64 so, dof;
     strided_offsets(p, i, &so, &dof);
@@ -87,6 +91,7 @@ CAST(cast_bf16_bf16, BF16, BF16)
 // Strided copy of raw elements of 1, 2, 4 or 8 bytes (any dtype of that size).
 template <class E>
 __device__ __forceinline__ void copy_impl(E* dst, const E* src, Strided p) {
+  pdl_begin();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     i64 so, dof;
     strided_offsets(p, i, &so, &dof);
@@ -109,6 +114,7 @@ extern "C" __global__ void copy_b16(uint4* dst, const uint4* src, Strided p) { c
 
 template <class E>
 __device__ __forceinline__ void copy32_impl(E* dst, const E* src, const Strided32& p) {
+  pdl_begin();
   const unsigned step = gridDim.x * blockDim.x;
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += COPY_UNROLL * step) {
     E v[COPY_UNROLL];
@@ -138,6 +144,7 @@ extern "C" __global__ void copy32_b16(uint4* dst, const uint4* src, Strided32 p)
 // whose strides and offsets the host gives in units of V elements.
 template <class S, class D, int V>
 __device__ __forceinline__ void cast32_impl(typename D::T* dst, const typename S::T* src, const Strided32& p) {
+  pdl_begin();
   const unsigned step = gridDim.x * blockDim.x;
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += COPY_UNROLL * step) {
     float v[COPY_UNROLL][V];

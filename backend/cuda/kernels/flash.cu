@@ -152,6 +152,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
                                                    const void* pos, int p64, const void* seqs, int q64,
                                                    const void* tables, int t64, int H, int KVH, int S, int NB,
                                                    int BS, int N, int M, float scale, int window, int* err) {
+  pdl_begin();
   static_assert(D % 16 == 0 && D >= 16 && D <= 256, "D must be a multiple of 16 up to 256");
   static_assert(BC % 16 == 0 && BC <= FA_WARPS * 32, "BC must be a multiple of 16 up to the block's threads");
   static_assert(PS == 1 || PS == 2, "PS is 1 or 2");

@@ -4,6 +4,7 @@
 
 template <class X, class W, class O>
 __device__ __forceinline__ void rmsnorm_impl(typename O::T* out, const typename X::T* x, const typename W::T* w, int D, float eps) {
+  pdl_begin();
   i64 base = (i64)blockIdx.x * D;
   double ss = 0.0;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -24,6 +25,7 @@ template <class X, class R, class W>
 __device__ __forceinline__ void add_rmsnorm_impl(typename Promote<W, typename Promote<X, R>::type>::type::T* normed,
                                                  typename Promote<X, R>::type::T* sum, const typename X::T* x,
                                                  const typename R::T* r, const typename W::T* w, int D, float eps) {
+  pdl_begin();
   typedef typename Promote<X, R>::type S;
   typedef typename Promote<W, S>::type N;
   i64 base = (i64)blockIdx.x * D;
@@ -94,6 +96,7 @@ __device__ __forceinline__ float rms_inv(double ss, int D, float eps) {
 template <class X, class W, class O, int VEC, int NV>
 __device__ __forceinline__ void rmsnorm_vec_impl(typename O::T* out, const typename X::T* x, const typename W::T* w,
                                                  int D, float eps) {
+  pdl_begin();
   const i64 base = (i64)blockIdx.x * D;
   const int nvec = D / VEC;
   constexpr bool early = NV * VEC <= 16;  // w loaded with x
@@ -132,6 +135,7 @@ template <class X, class R, class W, int VEC, int NV>
 __device__ __forceinline__ void add_rmsnorm_vec_impl(typename Promote<W, typename Promote<X, R>::type>::type::T* normed,
                                                      typename Promote<X, R>::type::T* sum, const typename X::T* x,
                                                      const typename R::T* r, const typename W::T* w, int D, float eps) {
+  pdl_begin();
   typedef typename Promote<X, R>::type S;
   typedef typename Promote<W, S>::type N;
   const i64 base = (i64)blockIdx.x * D;

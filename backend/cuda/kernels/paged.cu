@@ -90,6 +90,7 @@ template <class X, class C>
 __device__ __forceinline__ void paged_write_impl(typename C::T* kc, typename C::T* vc, const typename X::T* k,
                                                  const typename X::T* v, const void* slots, int s64, int KVH,
                                                  int S, int D, i64 nslots, int vec, int* err) {
+  pdl_begin();
   const int t = blockIdx.x;
   const i64 slot = load_idx(slots, t, s64);
   const bool ok = slot >= 0 && slot < nslots;
@@ -245,6 +246,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
                                                   const void* tables, int t64, int H, int KVH, int S, int D,
                                                   int NB, int BS, int N, int M, float scale, int window, int maxb,
                                                   int* err) {
+  pdl_begin();
   constexpr int KPW = 32 / LPR;                     // keys per warp and unroll step
   constexpr int EPL = VEC * CPL;                    // elements of a row per lane
   constexpr int NV = U * GP;                        // scores of a lane group and step
@@ -518,6 +520,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
 template <class X>
 __device__ __forceinline__ void paged_combine_impl(typename X::T* out, const float* part, int H, int S, int D,
                                                    int splits) {
+  pdl_begin();
   const int h = blockIdx.x, t = blockIdx.y;
   const int rec = D + 2;
   const float* pr = part + ((i64)t * H + h) * splits * rec;
@@ -556,6 +559,7 @@ __device__ __forceinline__ void paged_prefill_impl(typename X::T* out, const typ
                                                    const void* pos, int p64, const void* seqs, int q64,
                                                    const void* tables, int t64, int H, int KVH, int S, int D,
                                                    int NB, int BS, int N, int M, float scale, int window, int* err) {
+  pdl_begin();
   extern __shared__ float psm[];
   const int Dp = (D + 3) & ~3;
   float* Qs = psm;
@@ -778,6 +782,7 @@ __device__ __forceinline__ void paged_prefill_impl(typename X::T* out, const typ
 template <class T>
 __device__ __forceinline__ void gather_impl(T* out, const T* x, const void* idx, int i64idx, i64 outer, i64 A,
                                             i64 n, i64 inner) {
+  pdl_begin();
   i64 total = outer * n * inner;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     i64 in = i % inner, r = i / inner, j = r % n, o = r / n;
