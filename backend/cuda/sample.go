@@ -102,3 +102,54 @@ func (d *Device) sampleRows(ids, logits, params, ws *Tensor) error {
 		a.Ptr(ids.ptr).Ptr(logits.ptr).Ptr(params.ptr).Ptr(ws.ptr).I32(int32(V)).I32(int32(sampleCap(V)))
 	})
 }
+
+// greedyChunks is the chunks per row GreedyRows splits N rows of V logits into: about two
+// blocks per SM in all (132 SMs, a constant so that the launch depends on shapes only), at
+// least 1024 logits each, at most 256 chunks.
+func greedyChunks(N, V int) int {
+	c := (2*132 + N - 1) / N
+	c = min(c, (V+1023)/1024, 256)
+	return max(c, 1)
+}
+
+// GreedyRows writes the argmax of each row of logits f32 [N,V] to ids i32 [N], exactly as
+// SampleRows does for greedy rows (the lowest index of the largest logit, NaN never chosen,
+// 0 when the first logit is NaN), over many blocks per row: two kernels, the first taking a
+// chunk of a row per block, the second merging. ws must hold SampleWorkspace(N, V) bytes.
+// Like SampleRows it allocates nothing and never waits.
+func (d *Device) GreedyRows(ids, logits, ws *Tensor) error {
+	return d.do(func() error { return d.greedyRows(ids, logits, ws) })
+}
+
+func (d *Device) greedyRows(ids, logits, ws *Tensor) error {
+	if err := checkLive(ids, logits); err != nil {
+		return fmt.Errorf("cuda: greedy: %w", err)
+	}
+	if logits.DType != tensor.F32 || len(logits.Shape) != 2 {
+		return fmt.Errorf("cuda: greedy: logits must be f32 [N,V], got %s%v", logits.DType, logits.Shape)
+	}
+	N, V := logits.Shape[0], logits.Shape[1]
+	if V <= 0 || V > math.MaxInt32/2 {
+		return fmt.Errorf("cuda: greedy: vocabulary size %d is outside 1..%d", V, math.MaxInt32/2)
+	}
+	if err := checkOut("ids", ids, tensor.I32, []int{N}); err != nil {
+		return fmt.Errorf("cuda: greedy: %w", err)
+	}
+	chunks := greedyChunks(N, V)
+	if need := int64(N) * int64(chunks) * 8; ws == nil || ws.ptr == 0 || int64(ws.Bytes()) < need {
+		return fmt.Errorf("cuda: greedy: workspace of %d bytes is below the %d it needs", wsBytes(ws), need)
+	}
+	if N == 0 {
+		return nil
+	}
+	chunk := (V + chunks - 1) / chunks
+	err := d.launch("sample.cu", "greedy_partial", cubind.Dim3{X: chunks, Y: N, Z: 1}, cubind.Dim3{X: 256, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
+		a.Ptr(ws.ptr).Ptr(logits.ptr).I32(int32(V)).I32(int32(chunk))
+	})
+	if err != nil {
+		return err
+	}
+	return d.launch("sample.cu", "greedy_merge", cubind.Dim3{X: N, Y: 1, Z: 1}, cubind.Dim3{X: 32, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
+		a.Ptr(ids.ptr).Ptr(ws.ptr).Ptr(logits.ptr).I32(int32(V)).I32(int32(chunks))
+	})
+}

@@ -366,3 +366,52 @@ func TestSampleTimings(t *testing.T) {
 		}
 	}
 }
+
+// GreedyRows gives what SampleRows gives greedy rows and the host argmax: ties to the
+// lowest index (also across the chunks of different blocks), NaN skipped, 0 for a row whose
+// first logit is NaN, for a row of only NaN and a row of only -inf; over 1, 3 and 64 rows of
+// vocabularies from 1 to 128256.
+func TestGreedyRows(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(8, 9))
+	nan, inf := float32(math.NaN()), float32(math.Inf(-1))
+	for _, tc := range []struct{ N, V int }{{1, 1}, {3, 7}, {3, 1000}, {1, 128256}, {64, 128256}, {64, 5000}} {
+		t.Run(fmt.Sprintf("N%d_V%d", tc.N, tc.V), func(t *testing.T) {
+			N, V := tc.N, tc.V
+			x := randTensor(rng, tensor.F32, []int{N, V}, -5, 5)
+			row := func(i int) []float32 { return x.F32[i*V : (i+1)*V] }
+			chunk := (V + greedyChunks(N, V) - 1) / greedyChunks(N, V)
+			for i := range N {
+				r := row(i)
+				switch i % 5 {
+				case 1: // a tie across two chunks: the lower index wins
+					r[V/3], r[min(V-1, V/3+chunk)] = 9, 9
+				case 2:
+					r[0] = nan
+				case 3:
+					for j := range r {
+						r[j] = nan
+					}
+				case 4:
+					for j := range r {
+						r[j] = inf
+					}
+					r[V-1] = nan
+				}
+			}
+			in := up(t, d, x)
+			ids := like(t, d, tensor.New(tensor.I32, N))[0]
+			ws := like(t, d, tensor.New(tensor.Bool, int(SampleWorkspace(N, V))))[0]
+			if err := d.GreedyRows(ids, in[0], ws); err != nil {
+				t.Fatal(err)
+			}
+			got := down(t, d, ids).I32
+			viaSample := sampleOnGPU(t, d, x, make(SampleParams, N))
+			for i := range N {
+				if want := hostArgmax(row(i)); int(got[i]) != want || viaSample[i] != got[i] {
+					t.Errorf("row %d: GreedyRows %d, SampleRows %d, argmax %d", i, got[i], viaSample[i], want)
+				}
+			}
+		})
+	}
+}

@@ -34,11 +34,6 @@ func (p *Program) RunSampled(ctx context.Context, inputs map[string]*tensor.Tens
 			return err
 		}
 		d := p.dev
-		params, err := d.upload(SampleParams(draws).Tensor())
-		if err != nil {
-			return fmt.Errorf("sample: %w", err)
-		}
-		defer d.Free(params)
 		out, err := d.allocTensor(tensor.I32, []int{N})
 		if err != nil {
 			return fmt.Errorf("sample: %w", err)
@@ -49,8 +44,20 @@ func (p *Program) RunSampled(ctx context.Context, inputs map[string]*tensor.Tens
 			return fmt.Errorf("sample: %w", err)
 		}
 		defer d.Free(ws)
-		if err := d.sampleRows(out, rows, params, ws); err != nil {
-			return err
+		if allGreedy(draws) {
+			// The same tokens as sampleRows gives greedy rows, over many blocks per row.
+			if err := d.greedyRows(out, rows, ws); err != nil {
+				return err
+			}
+		} else {
+			params, err := d.upload(SampleParams(draws).Tensor())
+			if err != nil {
+				return fmt.Errorf("sample: %w", err)
+			}
+			defer d.Free(params)
+			if err := d.sampleRows(out, rows, params, ws); err != nil {
+				return err
+			}
 		}
 		h, err := d.download(out)
 		if err != nil {
@@ -60,4 +67,15 @@ func (p *Program) RunSampled(ctx context.Context, inputs map[string]*tensor.Tens
 		return nil
 	})
 	return ids, err
+}
+
+// allGreedy reports whether every draw takes the argmax (temperature <= 0 or NaN, as
+// SampleRow defines greedy).
+func allGreedy(draws []sample.DeviceDraw) bool {
+	for _, d := range draws {
+		if d.Temperature > 0 {
+			return false
+		}
+	}
+	return true
 }

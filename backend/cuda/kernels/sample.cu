@@ -525,3 +525,72 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
   }
   if (threadIdx.x == 0) ids[row] = tok >= 0 ? tok : argmax;
 }
+
+// Greedy rows in two passes over many blocks (GreedyRows): a row of 128256 logits read by
+// one block takes ~38 µs; split over ~128 blocks it takes a few. greedy_partial: grid
+// (chunks, N), block GREEDY_THREADS; block (c, row) writes the (value bits, index) of the
+// largest non-NaN logit of its chunk [c*chunk, (c+1)*chunk), ties to the lowest index,
+// index -1 when the chunk has none, to part[row*chunks + c]. greedy_merge: grid N, one warp;
+// merges a row's partials with the same rule and applies the first-logit-NaN rule of the
+// argmax kernel.
+
+#define GREEDY_THREADS 256
+
+__device__ __forceinline__ void greedy_better(float& m, int& am, float v, int i) {
+  if (i >= 0 && (am < 0 || v > m || (v == m && i < am))) {
+    m = v;
+    am = i;
+  }
+}
+
+__device__ __forceinline__ void greedy_warp(float& m, int& am) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(FULL_MASK, m, o);
+    const int oi = __shfl_xor_sync(FULL_MASK, am, o);
+    greedy_better(m, am, om, oi);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(GREEDY_THREADS)
+    greedy_partial(uint2* part, const float* logits, int V, int chunk) {
+  __shared__ float sm[GREEDY_THREADS / 32];
+  __shared__ int si[GREEDY_THREADS / 32];
+  const int row = blockIdx.y, c = blockIdx.x, chunks = gridDim.x;
+  const float* x = logits + (i64)row * V;
+  const int lo = c * chunk, hi = min(V, lo + chunk);
+  float m = -LOOM_INF;
+  int am = -1;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const float v = x[i];
+    if (v == v) greedy_better(m, am, v, i);
+  }
+  greedy_warp(m, am);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sm[warp] = m;
+    si[warp] = am;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < GREEDY_THREADS / 32 ? sm[lane] : -LOOM_INF;
+    am = lane < GREEDY_THREADS / 32 ? si[lane] : -1;
+    greedy_warp(m, am);
+    if (lane == 0) part[(i64)row * chunks + c] = make_uint2(__float_as_uint(m), (unsigned)am);
+  }
+}
+
+extern "C" __global__ void greedy_merge(int* ids, const uint2* part, const float* logits, int V, int chunks) {
+  const int row = blockIdx.x;
+  float m = -LOOM_INF;
+  int am = -1;
+  for (int c = threadIdx.x; c < chunks; c += 32) {
+    const uint2 p = part[(i64)row * chunks + c];
+    greedy_better(m, am, __uint_as_float(p.x), (int)p.y);
+  }
+  greedy_warp(m, am);
+  if (threadIdx.x == 0) {
+    const float x0 = logits[(i64)row * V];
+    ids[row] = (am < 0 || x0 != x0) ? 0 : am;
+  }
+}
