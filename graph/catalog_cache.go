@@ -14,11 +14,13 @@ func init() {
 			"to k_cache, v_cache[NB,BS,KV,D] at slot slot_mapping[t] (block slot/BS, offset slot%BS); then " +
 			"token t, of sequence token_seq[t] at position positions[0,t], attends to that sequence's cached " +
 			"positions 0..positions[0,t] (and > positions[0,t] - window when window > 0), position j living " +
-			"in block block_tables[seq, j/BS] at offset j%BS. Returns [1,H,S,D]. The caches are updated in place.",
+			"in block block_tables[seq, j/BS] at offset j%BS. Returns [1,H,S,D], or with token_major=1 " +
+			"[1,S,H,D] (the same values, as transpose(out){perm=[0,2,1,3]}). The caches are updated in place.",
 		Inputs: []string{"q", "k", "v", "positions", "k_cache", "v_cache", "slot_mapping", "token_seq", "block_tables"},
 		Attrs: []AttrSpec{
 			{Name: "scale", Type: AttrFloat},
 			{Name: "window", Type: AttrInt, Default: 0, Doc: "sliding window; 0 means none"},
+			{Name: "token_major", Type: AttrInt, Default: 0, Doc: "1: the output is [1,S,H,D] instead of [1,H,S,D]"},
 		},
 		Infer: func(n *Node) ([]Type, error) {
 			q, k, v, pos := inType(n, 0), inType(n, 1), inType(n, 2), inType(n, 3)
@@ -44,7 +46,13 @@ func init() {
 			if len(tables.Shape) != 2 || !tables.DType.IsInt() {
 				return nil, fmt.Errorf("block_tables must be integer [N,M], got %s", tables)
 			}
-			return one(q), nil
+			switch n.Attrs.Int("token_major") {
+			case 0:
+				return one(q), nil
+			case 1:
+				return []Type{{DType: q.DType, Shape: Shape{q.Shape[0], q.Shape[2], q.Shape[1], q.Shape[3]}}}, nil
+			}
+			return nil, fmt.Errorf("token_major must be 0 or 1, got %d", n.Attrs.Int("token_major"))
 		},
 	})
 }

@@ -280,3 +280,40 @@ func BenchmarkPagedAttention(b *testing.B) {
 		})
 	}
 }
+
+// With token_major=1 both kernels give the head-major output transposed to [1,S,H,D], bit
+// for bit, and write the caches the same.
+func TestPagedAttentionTokenMajor(t *testing.T) {
+	rng := rand.New(rand.NewPCG(91, 92))
+	c := newPagedCase(rng, tensor.BF16, tensor.BF16, 16, 8, 2, 16, 0, []int{5, 0, 30}, []int{1, 9, 2})
+	ref, _ := Reference("paged_attention")
+	for name, k := range map[string]Kernel{"reference": ref, "fast": fastPagedAttention} {
+		n, outs := nodeFor(t, "paged_attention", c.attrs, c.in)
+		head, err := k(n, c.withCaches(), outs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tm := c.attrs.Clone()
+		tm["token_major"] = 1
+		n, outs = nodeFor(t, "paged_attention", tm, c.in)
+		got, err := k(n, c.withCaches(), outs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := head[0]
+		H, S, D := h.Shape[1], h.Shape[2], h.Shape[3]
+		if want := []int{1, S, H, D}; !slices.Equal(got[0].Shape, want) {
+			t.Fatalf("%s: token-major output %v, want %v", name, got[0].Shape, want)
+		}
+		hv, gv := values(h), values(got[0])
+		for hh := range H {
+			for s := range S {
+				for d := range D {
+					if a, b := hv[(hh*S+s)*D+d], gv[(s*H+hh)*D+d]; a != b {
+						t.Fatalf("%s: head %d token %d dim %d: token-major %v, head-major %v", name, hh, s, d, b, a)
+					}
+				}
+			}
+		}
+	}
+}

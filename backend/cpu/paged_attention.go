@@ -27,14 +27,22 @@ func init() { registerReference("paged_attention", pagedAttentionKernel((*pagedA
 
 // pagedAttentionKernel makes the paged_attention kernel with the given attention step:
 // q[1,H,S,D], k,v[1,KV,S,D], positions[1,S], k_cache,v_cache[NB,BS,KV,D], slot_mapping[S],
-// token_seq[S], block_tables[N,M] -> out[1,H,S,D]. Every index is checked before the step's
-// keys and values are written to the caches; then attend computes the output.
+// token_seq[S], block_tables[N,M] -> out[1,H,S,D] (or [1,S,H,D] with token_major=1). Every
+// index is checked before the step's keys and values are written to the caches; then
+// attend computes the output [1,H,S,D], transposed for token_major.
 func pagedAttentionKernel(attend func(*pagedArgs, Out) *tensor.Tensor) Kernel {
 	return func(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
 		if err := checkArgs(n, in, out, 9, 1); err != nil {
 			return nil, err
 		}
-		pa, err := newPagedArgs(n, in, out[0])
+		o, tokenMajor := out[0], n.Attrs.Int("token_major") == 1
+		if tokenMajor {
+			if len(o.Shape) != 4 || len(in[0].Shape) != 4 {
+				return nil, fmt.Errorf("paged_attention: token-major output %v for q %v", o.Shape, in[0].Shape)
+			}
+			o = Out{DType: o.DType, Shape: []int{o.Shape[0], o.Shape[2], o.Shape[1], o.Shape[3]}}
+		}
+		pa, err := newPagedArgs(n, in, o)
 		if err != nil {
 			return nil, err
 		}
@@ -42,7 +50,12 @@ func pagedAttentionKernel(attend func(*pagedArgs, Out) *tensor.Tensor) Kernel {
 			return nil, err
 		}
 		pa.write()
-		return []*tensor.Tensor{attend(pa, out[0])}, nil
+		res := attend(pa, o)
+		if tokenMajor {
+			sh, st := res.Shape, rowStrides(res.Shape)
+			res = gather(res, []int{sh[0], sh[2], sh[1], sh[3]}, []int{st[0], st[2], st[1], st[3]}, 0)
+		}
+		return []*tensor.Tensor{res}, nil
 	}
 }
 

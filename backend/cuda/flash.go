@@ -86,9 +86,9 @@ func (d *Device) useFlashPrefill(out *Tensor, in []*Tensor) bool {
 // flashPrefill attends every token of in (q[1,H,S,D], k, v[1,KV,S,D], positions[1,S],
 // k_cache, v_cache[NB,BS,KV,D], slot_mapping[S], token_seq[S], block_tables[N,M], checked by
 // pagedAttention, the caches already holding this step's keys and values) into out
-// [1,H,S,D] with the tensor-core kernel. Bad indices are reported through the device's
+// [1,H,S,D], or [1,S,H,D] with tm 1, with the tensor-core kernel. Bad indices are reported through the device's
 // error word as paged_prefill reports them.
-func (d *Device) flashPrefill(out *Tensor, in []*Tensor, scale float32, window int) error {
+func (d *Device) flashPrefill(out *Tensor, in []*Tensor, scale float32, window int, tm int32) error {
 	q, kc, vc, pos, seqs, tables := in[0], in[4], in[5], in[3], in[7], in[8]
 	H, S, D, KV := q.Shape[1], q.Shape[2], q.Shape[3], in[1].Shape[1]
 	NB, BS, N, M := kc.Shape[0], kc.Shape[1], tables.Shape[0], tables.Shape[1]
@@ -98,7 +98,7 @@ func (d *Device) flashPrefill(out *Tensor, in []*Tensor, scale float32, window i
 		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr).
 			Ptr(pos.ptr).I32(is64(pos)).Ptr(seqs.ptr).I32(is64(seqs)).Ptr(tables.ptr).I32(is64(tables)).
 			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(NB)).I32(int32(BS)).I32(int32(N)).I32(int32(M)).
-			F32(scale).I32(int32(window)).Ptr(d.errWord)
+			F32(scale).I32(int32(window)).Ptr(d.errWord).I32(tm)
 	})
 	if err != nil {
 		return fmt.Errorf("flash prefill: %w", err)

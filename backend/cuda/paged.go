@@ -22,7 +22,7 @@ func init() {
 			if len(out) > len(n.Outputs) {
 				ws = out[len(n.Outputs)]
 			}
-			return d.pagedAttention(out[0], in, ws, float32(n.Attrs.Float("scale")), n.Attrs.Int("window"))
+			return d.pagedAttention(out[0], in, ws, float32(n.Attrs.Float("scale")), n.Attrs.Int("window"), n.Attrs.Int("token_major") == 1)
 		},
 	}
 	opKernels["gather"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
@@ -37,9 +37,10 @@ func init() {
 // PagedAttention runs graph op paged_attention: in holds q[1,H,S,D], k, v[1,KV,S,D],
 // positions[1,S], k_cache, v_cache[NB,BS,KV,D], slot_mapping[S], token_seq[S] and
 // block_tables[N,M]. It writes this step's k and v into the caches (in place) and then
-// attends into out[1,H,S,D]. ws is scratch memory of at least PagedAttentionWorkspace bytes
-// (nil when that is 0); the call allocates nothing and never waits for the device, and its
-// launches depend only on the shapes, so it can be captured in a CUDA graph.
+// attends into out[1,H,S,D], or with tokenMajor into out[1,S,H,D] (the op's token_major).
+// ws is scratch memory of at least PagedAttentionWorkspace bytes (nil when that is 0); the
+// call allocates nothing and never waits for the device, and its launches depend only on
+// the shapes, so it can be captured in a CUDA graph.
 //
 // When S <= N (decoding: one new token per sequence) a split-KV kernel reads each token's
 // context in parallel splits and a second kernel merges them; otherwise a tiled kernel serves
@@ -52,8 +53,8 @@ func init() {
 // is skipped and reported by the next Sync or Download, with the bad value. A token whose
 // context cannot be read gives NaN. Entries of block_tables past a sequence's last position
 // (padding such as -1) are never read.
-func (d *Device) PagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int) error {
-	return d.do(func() error { return d.pagedAttention(out, in, ws, scale, window) })
+func (d *Device) PagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int, tokenMajor bool) error {
+	return d.do(func() error { return d.pagedAttention(out, in, ws, scale, window, tokenMajor) })
 }
 
 func is64(t *Tensor) int32 {
@@ -223,7 +224,7 @@ func prefillDL(D int) int {
 	return dl
 }
 
-func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int) error {
+func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int, tokenMajor bool) error {
 	if len(in) != 9 {
 		return fmt.Errorf("cuda: paged_attention: want 9 inputs, got %d", len(in))
 	}
@@ -272,7 +273,11 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 	if D > attMaxD || D == 0 {
 		return fmt.Errorf("cuda: paged_attention: head size %d is outside the kernel's range 1..%d", D, attMaxD)
 	}
-	if err := checkOut("output", out, q.DType, q.Shape); err != nil {
+	oshape, tm := q.Shape, int32(0)
+	if tokenMajor {
+		oshape, tm = []int{1, q.Shape[2], q.Shape[1], q.Shape[3]}, 1
+	}
+	if err := checkOut("output", out, q.DType, oshape); err != nil {
 		return fmt.Errorf("cuda: paged_attention: %w", err)
 	}
 	if S == 0 || H == 0 {
@@ -316,7 +321,7 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: p.warps * 32, Y: 1, Z: 1}, p.shared, func(a *cubind.Args) {
 			a.Ptr(out.ptr).Ptr(part).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr)
 			idx(a)
-			a.I32(int32(p.maxb)).Ptr(d.errWord)
+			a.I32(int32(p.maxb)).Ptr(d.errWord).I32(tm)
 		})
 		if err != nil {
 			return fail(err)
@@ -324,7 +329,7 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		if p.splits > 1 {
 			err = d.launchX("paged.cu", fmt.Sprintf("PAGED_COMBINE(%s, %s)", X, xn), "paged_combine_"+xn,
 				cubind.Dim3{X: H, Y: S, Z: 1}, cubind.Dim3{X: min(128, (D+31)/32*32), Y: 1, Z: 1}, 0, func(a *cubind.Args) {
-					a.Ptr(out.ptr).Ptr(part).I32(int32(H)).I32(int32(S)).I32(int32(D)).I32(int32(p.splits))
+					a.Ptr(out.ptr).Ptr(part).I32(int32(H)).I32(int32(S)).I32(int32(D)).I32(int32(p.splits)).I32(tm)
 				})
 			if err != nil {
 				return fail(err)
@@ -333,7 +338,7 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		return nil
 	}
 	if d.useFlashPrefill(out, in) {
-		if err := d.flashPrefill(out, in, scale, window); err != nil {
+		if err := d.flashPrefill(out, in, scale, window, tm); err != nil {
 			return fail(err)
 		}
 		return nil
@@ -343,7 +348,7 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 	err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: (S*G + pfRows - 1) / pfRows, Y: KV, Z: 1}, cubind.Dim3{X: pfWarps * 32, Y: 1, Z: 1}, shared, func(a *cubind.Args) {
 		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr)
 		idx(a)
-		a.Ptr(d.errWord)
+		a.Ptr(d.errWord).I32(tm)
 	})
 	if err != nil {
 		return fail(err)

@@ -97,6 +97,8 @@ type pagedCase struct {
 	idt       tensor.DType
 	pad       int // unused table entries
 	inter     bool
+	// tokenMajor asks for the output [1,S,H,D] (paged_attention's token_major).
+	tokenMajor bool
 }
 
 // pagedKernels lists the kernel instantiations a case uses, for precompile.
@@ -178,9 +180,13 @@ func (c pagedCase) run(t *testing.T, d *Device, rng *rand.Rand) {
 	vc := randTensor(rng, c.cdt, []int{l.NB, c.bs, c.KV, c.D}, -1, 1)
 	in := up(t, d, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables) // before the CPU updates the caches
 	scale := 1 / math.Sqrt(float64(c.D))
-	want := cpuOp(t, "paged_attention", graph.Attrs{"scale": scale, "window": c.window}, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
+	attrs := graph.Attrs{"scale": scale, "window": c.window}
+	if c.tokenMajor {
+		attrs["token_major"] = 1
+	}
+	want := cpuOp(t, "paged_attention", attrs, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
 	out := like(t, d, want)
-	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), float32(scale), c.window); err != nil {
+	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), float32(scale), c.window, c.tokenMajor); err != nil {
 		t.Fatal(err)
 	}
 	tl := tol{atol: 2e-5, rtol: 1e-4}
@@ -323,7 +329,7 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 			kc := randTensor(rng, tensor.BF16, []int{l.NB, 16, KV, D}, -1, 1)
 			in := up(t, d, q, k, k, l.pos, kc, kc.Clone(), l.slots, l.seqs, l.tables)
 			out := like(t, d, q)
-			if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.125, 0); err != nil {
+			if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.125, 0, false); err != nil {
 				t.Fatal(err)
 			}
 			err := d.Sync()
@@ -461,7 +467,7 @@ func TestPagedTimings(t *testing.T) {
 		in := []*Tensor{q, k, v, idx[0], kc, vc, idx[1], idx[2], idx[3]}
 		out := zeros(tensor.BF16, 1, H, l.S, D)
 		ws := pagedWorkspace(t, d, in)
-		call := func() error { return d.PagedAttention(out, in, ws, 0.088, 0) }
+		call := func() error { return d.PagedAttention(out, in, ws, 0.088, 0, false) }
 		for range 3 {
 			if err := call(); err != nil {
 				t.Fatal(err)
@@ -639,7 +645,7 @@ func TestFlashPrefillTimings(t *testing.T) {
 			ps   int
 		}{{"flash PS2", true, 2}, {"flash PS1", true, 1}, {"paged_prefill", false, 2}} {
 			flashPrefillEnabled, flashPSplit = v.on, v.ps
-			call := func() error { return d.PagedAttention(out, in, nil, 0.088, 0) }
+			call := func() error { return d.PagedAttention(out, in, nil, 0.088, 0, false) }
 			for range 3 {
 				if err := call(); err != nil {
 					t.Fatal(err)
@@ -726,7 +732,7 @@ func TestPagedDecodePlansMatchCPU(t *testing.T) {
 	in := up(t, d, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)
 	want := cpuOp(t, "paged_attention", graph.Attrs{"scale": 0.088, "window": 0}, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
 	out := poisoned(t, d, want)
-	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.088, 0); err != nil {
+	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.088, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	compare(t, "paged_attention", "tables padded to 16 entries", down(t, d, out[0]), want, tol{atol: 1.0 / 64, rtol: 1.0 / 64})
@@ -777,9 +783,45 @@ func TestPagedDecodeTimings(t *testing.T) {
 		out := like(t, d, q)[0]
 		ws := pagedWorkspace(t, d, in)
 		p := planDecode(H, KV, l.S, D, l.M, BS, 2)
-		el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0) })
+		el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0, false) })
 		kv := float64(tc.N) * float64(tc.ctx+1) * KV * D * 2 * 2
 		t.Logf("paged decode N%-3d ctx %-5d M%-4d %2d warps %2d splits: %7.1f µs, %5.0f GB/s of K/V", tc.N, tc.ctx, l.M, p.warps, p.splits,
 			float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
 	}
+}
+
+// With token_major every kernel writes the output [1,S,H,D] (the CPU reference's, which
+// is the head-major output transposed): decode with one split and with several (and the
+// combine kernel), the CUDA-core prefill (f32) and the tensor-core prefill (bf16).
+func TestPagedAttentionTokenMajor(t *testing.T) {
+	long := make([]int, 3)
+	for i := range long {
+		long[i] = 600 + 37*i
+	}
+	short := make([]int, 64)
+	for i := range short {
+		short[i] = 20 + i
+	}
+	ones := func(n int) []int {
+		o := make([]int, n)
+		for i := range o {
+			o[i] = 1
+		}
+		return o
+	}
+	var cases []pagedCase
+	for _, tc := range []struct {
+		name    string
+		ctx, nw []int
+		dt      tensor.DType
+	}{
+		{"decode, splits", long, ones(3), tensor.BF16},
+		{"decode, one split", short, ones(64), tensor.BF16},
+		{"prefill f32", []int{0, 5, 40}, []int{17, 1, 30}, tensor.F32},
+		{"prefill bf16 (flash)", []int{0, 5, 40}, []int{70, 1, 30}, tensor.BF16},
+	} {
+		cases = append(cases, pagedCase{name: "token-major " + tc.name, ctx: tc.ctx, nw: tc.nw, bs: 16, KV: 2, G: 4, D: 128,
+			dt: tc.dt, cdt: tc.dt, idt: tensor.I32, pad: -1, tokenMajor: true})
+	}
+	runPagedCases(t, 23, cases)
 }

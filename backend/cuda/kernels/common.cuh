@@ -208,3 +208,10 @@ __device__ __forceinline__ void strided_offsets32(const Strided32& p, unsigned i
   *so = s;
   *dof = d;
 }
+
+// att_out is the offset of row (query head h, token t) of an attention output of H heads,
+// S tokens and D dims: [1,H,S,D] (tm 0) or token-major [1,S,H,D] (tm 1, paged_attention's
+// token_major).
+__device__ __forceinline__ i64 att_out(int h, i64 t, int H, int S, int D, int tm) {
+  return tm ? (t * H + h) * D : ((i64)h * S + t) * D;
+}

@@ -151,7 +151,8 @@ template <int D, int BC, int PS>
 __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
                                                    const void* pos, int p64, const void* seqs, int q64,
                                                    const void* tables, int t64, int H, int KVH, int S, int NB,
-                                                   int BS, int N, int M, float scale, int window, int* err) {
+                                                   int BS, int N, int M, float scale, int window, int* err,
+                                                   int tm) {
   pdl_begin();
   static_assert(D % 16 == 0 && D >= 16 && D <= 256, "D must be a multiple of 16 up to 256");
   static_assert(BC % 16 == 0 && BC <= FA_WARPS * 32, "BC must be a multiple of 16 up to the block's threads");
@@ -417,7 +418,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
     const int r = i / CH, c = i - r * CH;
     const i64 f = r0 + wr + r;
     if (f < rows) {
-      const i64 dst = ((i64)(g * G + (int)(f % G)) * S + f / G) * D + c * 8;
+      const i64 dst = att_out(g * G + (int)(f % G), f / G, H, S, D, tm) + c * 8;
       *(uint4*)(out + dst) = *(const uint4*)(Qs + (wr + r) * SD + c * 8);
     }
   }
@@ -427,7 +428,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) flash_prefill_bf16_d##D##_c##BC##_p##PS(         \
       bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const void* pos, int p64, const void* seqs,      \
       int q64, const void* tables, int t64, int H, int KVH, int S, int NB, int BS, int N, int M, float scale,   \
-      int window, int* err) {                                                                                   \
+      int window, int* err, int tm) {                                                                                \
     flash_prefill_impl<D, BC, PS>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, KVH, S, NB, BS, N, M,    \
-                                  scale, window, err);                                                          \
+                                  scale, window, err, tm);                                                          \
   }

@@ -1,8 +1,9 @@
 // Paged KV cache kernels, as graph op paged_attention defines it (graph/catalog_cache.go),
 // and gather.
 //
-// Layouts: q and out [1,H,S,D], k and v [1,KV,S,D], caches [NB,BS,KV,D]; position j of a
-// sequence lives in block block_tables[seq, j/BS] at offset j%BS. Query head h reads KV head
+// Layouts: q and out [1,H,S,D] (out [1,S,H,D] when tm is 1: att_out in common.cuh), k and
+// v [1,KV,S,D], caches [NB,BS,KV,D]; position j of a sequence lives in block
+// block_tables[seq, j/BS] at offset j%BS. Query head h reads KV head
 // h / (H/KV). Token t (of sequence token_seq[t], at position positions[0,t]) sees the cached
 // positions lo..hi, hi = positions[0,t], lo = max(0, hi-window+1) with a window, else 0.
 //
@@ -245,7 +246,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
                                                   const void* pos, int p64, const void* seqs, int q64,
                                                   const void* tables, int t64, int H, int KVH, int S, int D,
                                                   int NB, int BS, int N, int M, float scale, int window, int maxb,
-                                                  int* err) {
+                                                  int* err, int tm) {
   pdl_begin();
   constexpr int KPW = 32 / LPR;                     // keys per warp and unroll step
   constexpr int EPL = VEC * CPL;                    // elements of a row per lane
@@ -492,7 +493,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
     }
     const int h = h0 + j;
     if (splits == 1) {
-      X::store(out, ((i64)h * S + t) * D + d, L > 0.0f ? A / L : LOOM_NAN);
+      X::store(out, att_out(h, t, H, S, D, tm) + d, L > 0.0f ? A / L : LOOM_NAN);
     } else {
       float* pr = part + (((i64)t * H + h) * splits + sp) * rec;
       if (d == 0) {
@@ -509,17 +510,17 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
       paged_decode_##XN##_##CN##_v##VEC##_l##LPR##_c##CPL##_g##GP##_u##U(                                         \
           X::T* out, float* part, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64,        \
           const void* seqs, int q64, const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS,   \
-          int N, int M, float scale, int window, int maxb, int* err) {                                            \
+          int N, int M, float scale, int window, int maxb, int* err, int tm) {                                         \
     paged_decode_impl<X, C, Promote<X, C>::type, VEC, LPR, CPL, GP, U>(out, part, q, kc, vc, pos, p64, seqs, q64, \
                                                                        tables, t64, H, KVH, S, D, NB, BS, N, M,   \
-                                                                       scale, window, maxb, err);                 \
+                                                                       scale, window, maxb, err, tm);            \
   }
 
 // paged_combine merges the splits' partials [S][H][splits][D+2] (max in base 2, sum,
 // accumulator) into out[1,H,S,D]. One block per (head, token).
 template <class X>
 __device__ __forceinline__ void paged_combine_impl(typename X::T* out, const float* part, int H, int S, int D,
-                                                   int splits) {
+                                                   int splits, int tm) {
   pdl_begin();
   const int h = blockIdx.x, t = blockIdx.y;
   const int rec = D + 2;
@@ -536,13 +537,13 @@ __device__ __forceinline__ void paged_combine_impl(typename X::T* out, const flo
         A += r[2 + d] * f;
       }
     }
-    X::store(out, ((i64)h * S + t) * D + d, L > 0.0f ? A / L : LOOM_NAN);
+    X::store(out, att_out(h, t, H, S, D, tm) + d, L > 0.0f ? A / L : LOOM_NAN);
   }
 }
 
 #define PAGED_COMBINE(X, XN)                                                                                     \
-  extern "C" __global__ void paged_combine_##XN(X::T* out, const float* part, int H, int S, int D, int splits) { \
-    paged_combine_impl<X>(out, part, H, S, D, splits);                                                          \
+  extern "C" __global__ void paged_combine_##XN(X::T* out, const float* part, int H, int S, int D, int splits, int tm) { \
+    paged_combine_impl<X>(out, part, H, S, D, splits, tm);                                                          \
   }
 
 #define PF_WARPS 4
@@ -558,7 +559,7 @@ __device__ __forceinline__ void paged_prefill_impl(typename X::T* out, const typ
                                                    const typename C::T* kc, const typename C::T* vc,
                                                    const void* pos, int p64, const void* seqs, int q64,
                                                    const void* tables, int t64, int H, int KVH, int S, int D,
-                                                   int NB, int BS, int N, int M, float scale, int window, int* err) {
+                                                   int NB, int BS, int N, int M, float scale, int window, int* err, int tm) {
   pdl_begin();
   extern __shared__ float psm[];
   const int Dp = (D + 3) & ~3;
@@ -763,7 +764,7 @@ __device__ __forceinline__ void paged_prefill_impl(typename X::T* out, const typ
 #pragma unroll
     for (int u = 0; u < DL; ++u) {
       const int d = lane + 32 * u;
-      if (d < D) X::store(out, ((i64)h * S + t) * D + d, acc[j][u] * inv);
+      if (d < D) X::store(out, att_out(h, t, H, S, D, tm) + d, acc[j][u] * inv);
     }
   }
 }
@@ -772,9 +773,9 @@ __device__ __forceinline__ void paged_prefill_impl(typename X::T* out, const typ
   extern "C" __global__ void __launch_bounds__(PF_WARPS * 32) paged_prefill_##XN##_##CN##_d##DL##_v##VEC(       \
       X::T* out, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64, const void* seqs,      \
       int q64, const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS, int N, int M,          \
-      float scale, int window, int* err) {                                                                      \
+      float scale, int window, int* err, int tm) {                                                                      \
     paged_prefill_impl<X, C, Promote<X, C>::type, DL, VEC>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, \
-                                                           KVH, S, D, NB, BS, N, M, scale, window, err);        \
+                                                           KVH, S, D, NB, BS, N, M, scale, window, err, tm);        \
   }
 
 // gather copies x[outer, A, inner] rows by idx[n] into out[outer, n, inner]; an index
