@@ -1,22 +1,37 @@
 #!/bin/bash
-# Final benchmarks on the GPU host: loom serve + loom bench on a synthesized Llama-3.1-8B (tp=1, tp=2) and HF eager batch-1.
+# The GPU figures of docs/PERFORMANCE.md, in one session on the GPU host (2 GPUs for tp=2).
+# Build here (no Go there), into a folder .git/info/exclude ignores, and carry it:
+#   mkdir -p .bin/me && make build && cp loom tools/hf_llama_decode.py .bin/me/
+#   CGO_ENABLED=0 go test -c -o .bin/me/cuda.test ./backend/cuda   (likewise engine, dist/nccl, cubind)
+# then run there: bash tools/gpu_bench.sh  (BIN=.bin/me by default; logs go to $OUT or /tmp).
 set -u
-export NCCL_NVLS_ENABLE=0
-L=${LOOM:-.bin/me/loom}; M=/dev/shm/l8b
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-[ -f $M/config.json ] || $L synth llama-3.1-8b --out $M >/dev/null 2>&1
-bench_server() { # $1 label, rest: serve flags
-  label=$1; shift
-  $L serve --model $M --device cuda --max-batch 64 --max-tokens-per-step 2048 --port 8100 --log-level warn "$@" > /tmp/serve.log 2>&1 &
-  pid=$!
-  for i in $(seq 120); do curl -sf localhost:8100/health >/dev/null 2>&1 && break; sleep 1; done
-  B="$L bench --url http://127.0.0.1:8100 --tokenizer $M --log-level warn"
-  echo "== $label batch 1 (128 in / 128 out)"; $B --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | grep -E "output tokens/s|time per output|inter-token|time to first"
-  echo "== $label 64 concurrent (128/128)"; $B --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | grep -E "output tokens/s|time per output|time to first"
-  echo "== $label TTFT 1024"; $B --warmup 2 --num-requests 5 --concurrency 1 --input-len 1024 --output-len 1 2>&1 | grep -E "time to first"
-  kill $pid; wait $pid 2>/dev/null
-  grep -iE "error|panic" /tmp/serve.log | head -5
-}
-bench_server "tp=1"
-echo "== HF eager batch 1"; timeout 90 python3 tools/hf_llama_decode.py eager 1 2>&1 | grep -vi warn | tail -3
-bench_server "tp=2" --world-size 2
+export NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1
+B=$(cd "${BIN:-.bin/me}" && pwd); L=$B/loom; M=/dev/shm/l8b; O=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+( [ -f $M/config.json ] || $L synth llama-3.1-8b --out $M >/dev/null 2>&1; echo synth done ) &
+S=$!
+sumt() { grep -E "^--- FAIL|^(ok|FAIL|PASS)$|panic:" "$1" | head -30; }
+for t in cubind:cubind dist/nccl:nccl backend/cuda:cuda engine:engine; do
+  dir=${t%%:*}; bin=$B/${t##*:}.test
+  [ -x $bin ] || continue
+  run=""; [ $dir = engine ] && run="-test.run CUDA|Device|MultiProc"
+  (cd $dir && timeout 300 $bin -test.v $run -test.skip 'GemmTune' > $O/${t##*:}.log 2>&1; echo "$dir rc=$?"); sumt $O/${t##*:}.log
+done
+wait $S
+BB="$L bench --model $M --device cuda --log-level warn --max-batch 64 --max-tokens-per-step 2048"
+g() { grep -E "output tokens/s|time per output|time to first|engine:"; }
+for ws in 1 2; do
+  echo "== tp=$ws batch 1 (128/128)"; timeout 60 $BB --world-size $ws --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+  echo "== tp=$ws 64 concurrent (128/128)"; timeout 90 $BB --world-size $ws --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
+  echo "== tp=$ws TTFT 1024"; timeout 60 $BB --world-size $ws --warmup 2 --num-requests 5 --concurrency 1 --input-len 1024 --output-len 1 2>&1 | g
+done
+echo "== tp=1 batch 1, PDL off"; LOOM_CUDA_PDL=0 timeout 60 $BB --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+echo "== HF eager batch 1"; timeout 100 python3 $B/hf_llama_decode.py eager 1 2>&1 | grep -vi warn | tail -2
+echo "== multi-process tp=2: loom launch --nproc 2 -- loom serve"
+$L launch --nproc 2 -- $L serve --model $M --device cuda --world-size 2 --max-batch 64 --max-tokens-per-step 2048 --port 8100 --log-level warn > $O/mp.log 2>&1 &
+pid=$!
+for i in $(seq 90); do curl -sf localhost:8100/health >/dev/null 2>&1 && break; sleep 1; done
+H="$L bench --url http://127.0.0.1:8100 --tokenizer $M --log-level warn"
+timeout 40 $H --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+timeout 60 $H --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
+kill $pid; wait $pid 2>/dev/null; grep -iE "error|panic" $O/mp.log | head -3
