@@ -497,3 +497,27 @@ func (d *Device) download(t *Tensor) (*tensor.Tensor, error) {
 
 // dtypeName is the suffix kernels use for a dtype.
 func dtypeName(dt tensor.DType) string { return strings.ToLower(dt.String()) }
+
+// captureGraph records what queue launches on the device's stream into a CUDA graph and
+// instantiates it; nothing runs. Allocating meanwhile is an error (capturing). The device
+// must be locked (inside do).
+func (d *Device) captureGraph(queue func() error) (cubind.GraphExec, error) {
+	if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
+		return 0, err
+	}
+	d.capturing = true
+	err := queue()
+	d.capturing = false
+	g, endErr := d.stream.EndCapture()
+	if err == nil {
+		err = endErr
+	}
+	if err != nil {
+		if g != 0 {
+			g.Destroy()
+		}
+		return 0, err
+	}
+	defer g.Destroy()
+	return g.Instantiate()
+}

@@ -832,25 +832,7 @@ func (p *Program) runSteps(ctx context.Context, pl *memPlan, vals []*Tensor) err
 
 // capture records the steps into a CUDA graph and instantiates it. Nothing runs.
 func (p *Program) capture(ctx context.Context, pl *memPlan, vals []*Tensor) (cubind.GraphExec, error) {
-	d := p.dev
-	if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
-		return 0, err
-	}
-	d.capturing = true
-	err := p.queueSteps(ctx, pl, vals)
-	d.capturing = false
-	g, endErr := d.stream.EndCapture()
-	if err == nil {
-		err = endErr
-	}
-	if err != nil {
-		if g != 0 {
-			g.Destroy()
-		}
-		return 0, err
-	}
-	defer g.Destroy()
-	return g.Instantiate()
+	return p.dev.captureGraph(func() error { return p.queueSteps(ctx, pl, vals) })
 }
 
 // queueSteps queues the kernels of every step on the device's stream.

@@ -98,29 +98,14 @@ func TestGemmTuneTimings(t *testing.T) {
 	graphUs := func(n int, call func(i int) error) (float64, error) {
 		var us float64
 		err := d.do(func() error {
-			if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
-				return err
-			}
-			d.capturing = true
-			var err error
-			for i := range n {
-				if err = call(i); err != nil {
-					break
+			exe, err := d.captureGraph(func() error {
+				for i := range n {
+					if err := call(i); err != nil {
+						return err
+					}
 				}
-			}
-			d.capturing = false
-			g, endErr := d.stream.EndCapture()
-			if err == nil {
-				err = endErr
-			}
-			if err != nil {
-				if g != 0 {
-					g.Destroy()
-				}
-				return err
-			}
-			defer g.Destroy()
-			exe, err := g.Instantiate()
+				return nil
+			})
 			if err != nil {
 				return err
 			}

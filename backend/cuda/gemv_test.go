@@ -287,27 +287,17 @@ func TestGemvTimings(t *testing.T) {
 				return err
 			}
 			eager = el.Seconds() * 1e6 / float64(n)
-			if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
-				return err
-			}
-			for i := range n {
-				if err := call(i); err != nil {
-					if g, err := d.stream.EndCapture(); err == nil {
-						g.Destroy()
+			exe, err := d.captureGraph(func() error {
+				for i := range n {
+					if err := call(i); err != nil {
+						return err
 					}
-					t.Logf("capture: %v", err)
-					return nil
 				}
-			}
-			g, err := d.stream.EndCapture()
+				return nil
+			})
 			if err != nil {
 				t.Logf("capture: %v", err)
 				return nil
-			}
-			defer g.Destroy()
-			exe, err := g.Instantiate()
-			if err != nil {
-				return err
 			}
 			defer exe.Destroy()
 			const reps = 3

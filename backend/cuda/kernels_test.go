@@ -657,29 +657,15 @@ func graphTime(t *testing.T, d *Device, reps int, f func() error) time.Duration 
 	}
 	var exe cubind.GraphExec
 	err := d.do(func() error {
-		if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
-			return err
-		}
-		d.capturing = true
 		var err error
-		for range reps {
-			if err = f(); err != nil {
-				break
+		exe, err = d.captureGraph(func() error {
+			for range reps {
+				if err := f(); err != nil {
+					return err
+				}
 			}
-		}
-		d.capturing = false
-		g, endErr := d.stream.EndCapture()
-		if err == nil {
-			err = endErr
-		}
-		if err != nil {
-			if g != 0 {
-				g.Destroy()
-			}
-			return err
-		}
-		defer g.Destroy()
-		exe, err = g.Instantiate()
+			return nil
+		})
 		return err
 	})
 	if err != nil {

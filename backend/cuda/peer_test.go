@@ -407,19 +407,8 @@ func capturePeer(r *PeerRank, f func() error) (cubind.GraphExec, error) {
 	d := r.dev
 	var exe cubind.GraphExec
 	err := d.do(func() error {
-		if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
-			return err
-		}
-		err := f()
-		g, endErr := d.stream.EndCapture()
-		if err = errors.Join(err, endErr); err != nil {
-			if g != 0 {
-				g.Destroy()
-			}
-			return err
-		}
-		defer g.Destroy()
-		exe, err = g.Instantiate()
+		var err error
+		exe, err = d.captureGraph(f)
 		return err
 	})
 	return exe, err

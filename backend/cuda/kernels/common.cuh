@@ -215,3 +215,25 @@ __device__ __forceinline__ void strided_offsets32(const Strided32& p, unsigned i
 __device__ __forceinline__ i64 att_out(int h, i64 t, int H, int S, int D, int tm) {
   return tm ? (t * H + h) * D : ((i64)h * S + t) * D;
 }
+
+// The index inputs and error word of the paged-attention kernels (paged.cu, flash.cu).
+
+#define LOG2E 1.4426950408889634f
+
+// load_idx reads entry i of an index input of i32 or (is64) i64 entries.
+__device__ __forceinline__ i64 load_idx(const void* p, i64 i, int is64) {
+  return is64 ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
+}
+
+__device__ __forceinline__ int clamp32(i64 v) {
+  return v > 2147483647LL ? 2147483647 : (v < -2147483647LL ? -2147483647 : (int)v);
+}
+
+// report records the first error of the step in err[0..3]: code and three values.
+__device__ __forceinline__ void report(int* err, int code, i64 a, i64 b, i64 c) {
+  if (atomicCAS(err, 0, code) == 0) {
+    err[1] = clamp32(a);
+    err[2] = clamp32(b);
+    err[3] = clamp32(c);
+  }
+}

@@ -47,24 +47,6 @@
 
 #define FA_WARPS 4
 #define FA_BR (16 * FA_WARPS)
-#define FA_LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ i64 fa_idx(const void* p, i64 i, int is64) {
-  return is64 ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
-}
-
-__device__ __forceinline__ int fa_clamp32(i64 v) {
-  return v > 2147483647LL ? 2147483647 : (v < -2147483647LL ? -2147483647 : (int)v);
-}
-
-// fa_report records the first error of the step: code and three values (as paged.cu's report).
-__device__ __forceinline__ void fa_report(int* err, int code, i64 a, i64 b, i64 c) {
-  if (atomicCAS(err, 0, code) == 0) {
-    err[1] = fa_clamp32(a);
-    err[2] = fa_clamp32(b);
-    err[3] = fa_clamp32(c);
-  }
-}
 
 __device__ __forceinline__ unsigned fa_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -184,13 +166,13 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   // first row.
   for (int i = threadIdx.x; i < ntok; i += blockDim.x) {
     const int t = tfirst + i;
-    const i64 hi = fa_idx(pos, t, p64), seq = fa_idx(seqs, t, q64);
+    const i64 hi = load_idx(pos, t, p64), seq = load_idx(seqs, t, q64);
     const bool first = g == 0 && (i64)t * G >= r0;
     int s = -1, lo = 0, h = -1;
     if (seq < 0 || seq >= N) {
-      if (first) fa_report(err, 4, seq, t, N);
+      if (first) report(err, 4, seq, t, N);
     } else if (hi < 0 || hi / BS >= M) {
-      if (first) fa_report(err, 5, hi, t, (i64)M * BS);
+      if (first) report(err, 5, hi, t, (i64)M * BS);
     } else {
       s = (int)seq;
       h = (int)hi;
@@ -233,7 +215,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
 #pragma unroll
   for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   unsigned qf[QREG ? D / 16 : 1][4];
-  const float sl2 = scale * FA_LOG2E;
+  const float sl2 = scale * LOG2E;
   const i64 kvstride = (i64)KVH * D;
 
   // fill_slots sets the cache slot of each position of tile it (-1: none) in slot buffer sb
@@ -245,9 +227,9 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
       int s = -1;
       if (p <= it.khi) {
         const int cur = tseq[it.ts];
-        const i64 b = fa_idx(tables, (i64)cur * M + p / BS, t64);
+        const i64 b = load_idx(tables, (i64)cur * M + p / BS, t64);
         if (b < 0 || b >= NB) {
-          if (g == 0 && (p % BS == 0 || p == it.kt)) fa_report(err, 3, b, cur, NB);
+          if (g == 0 && (p % BS == 0 || p == it.kt)) report(err, 3, b, cur, NB);
           bad = true;
         } else {
           s = (int)b * BS + p % BS;  // below NB*BS <= 2^31-1 (checked by the host)

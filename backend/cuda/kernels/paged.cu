@@ -44,24 +44,7 @@
 // PAGED_DECODE(...), PAGED_COMBINE(X, XN), PAGED_PREFILL(...) and GATHER(T, TN)
 // instantiations.
 
-#define LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ i64 load_idx(const void* p, i64 i, int is64) {
-  return is64 ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
-}
-
-__device__ __forceinline__ int clamp32(i64 v) {
-  return v > 2147483647LL ? 2147483647 : (v < -2147483647LL ? -2147483647 : (int)v);
-}
-
-// report records the first error of the step: code and three values.
-__device__ __forceinline__ void report(int* err, int code, i64 a, i64 b, i64 c) {
-  if (atomicCAS(err, 0, code) == 0) {
-    err[1] = clamp32(a);
-    err[2] = clamp32(b);
-    err[3] = clamp32(c);
-  }
-}
+// load_idx, report and LOG2E are in common.cuh (flash.cu uses them too).
 
 // paged_write_rows writes token t's KVH head rows of k and v to slot, V elements per
 // thread and vector (D a multiple of V, every operand aligned to V elements). The loads are
