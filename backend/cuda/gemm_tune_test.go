@@ -66,34 +66,8 @@ func TestGemmTuneTimings(t *testing.T) {
 	}
 	defer tuneOn()()
 	const pool = 1 << 31 // bytes of weight copies
-	buf, err := d.Alloc(tensor.BF16, pool/2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(buf)
 	rng := rand.New(rand.NewPCG(33, 33))
-	const chunk = 32 << 20
-	seed := up(t, d, randTensor(rng, tensor.BF16, []int{chunk / 2}, -1, 1))[0]
-	if err := d.do(func() error {
-		for off := 0; off < pool; off += chunk {
-			if err := cubind.MemcpyDtoDAsync(buf.ptr+cubind.DevicePtr(off), seed.ptr, chunk, d.stream); err != nil {
-				return err
-			}
-		}
-		return d.sync()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	start, err := cubind.EventCreate(cubind.EventDefault)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer start.Destroy()
-	end, err := cubind.EventCreate(cubind.EventDefault)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer end.Destroy()
+	buf := coldWeights(t, d, rng, pool)
 	// graphUs returns the µs per call of n calls captured into a graph and replayed.
 	graphUs := func(n int, call func(i int) error) (float64, error) {
 		var us float64
@@ -110,26 +84,8 @@ func TestGemmTuneTimings(t *testing.T) {
 				return err
 			}
 			defer exe.Destroy()
-			if err := exe.Launch(d.stream); err != nil { // warm-up
-				return err
-			}
-			const reps = 5
-			if err := start.Record(d.stream); err != nil {
-				return err
-			}
-			for range reps {
-				if err := exe.Launch(d.stream); err != nil {
-					return err
-				}
-			}
-			if err := end.Record(d.stream); err != nil {
-				return err
-			}
-			if err := end.Synchronize(); err != nil {
-				return err
-			}
-			el, err := cubind.Elapsed(start, end)
-			us = el.Seconds() * 1e6 / float64(n*reps)
+			el, err := replayTime(d, exe, 5)
+			us = el.Seconds() * 1e6 / float64(n)
 			return err
 		})
 		return us, err

@@ -231,24 +231,8 @@ func TestGemvTimings(t *testing.T) {
 		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
 	}
 	const pool = 9 << 28 // bytes of weight copies: 2.25 GiB, two copies of the LM head
-	buf, err := d.Alloc(tensor.BF16, pool/2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(buf)
 	rng := rand.New(rand.NewPCG(23, 23))
-	const chunk = 32 << 20
-	seed := up(t, d, randTensor(rng, tensor.BF16, []int{chunk / 2}, -1, 1))[0]
-	if err := d.do(func() error {
-		for off := 0; off < pool; off += chunk {
-			if err := cubind.MemcpyDtoDAsync(buf.ptr+cubind.DevicePtr(off), seed.ptr, chunk, d.stream); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	buf := coldWeights(t, d, rng, pool)
 	start, err := cubind.EventCreate(cubind.EventDefault)
 	if err != nil {
 		t.Fatal(err)
@@ -300,28 +284,10 @@ func TestGemvTimings(t *testing.T) {
 				return nil
 			}
 			defer exe.Destroy()
-			const reps = 3
-			if err := exe.Launch(d.stream); err != nil {
+			if el, err = replayTime(d, exe, 3); err != nil {
 				return err
 			}
-			if err := start.Record(d.stream); err != nil {
-				return err
-			}
-			for range reps {
-				if err := exe.Launch(d.stream); err != nil {
-					return err
-				}
-			}
-			if err := end.Record(d.stream); err != nil {
-				return err
-			}
-			if err := end.Synchronize(); err != nil {
-				return err
-			}
-			if el, err = cubind.Elapsed(start, end); err != nil {
-				return err
-			}
-			graph = el.Seconds() * 1e6 / float64(n*reps)
+			graph = el.Seconds() * 1e6 / float64(n)
 			return nil
 		})
 		return graph, eager, err

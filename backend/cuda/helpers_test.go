@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/loom-ml/loom/backend/cpu"
 	"github.com/loom-ml/loom/cubind"
@@ -273,4 +274,62 @@ func compare(t *testing.T, op, name string, got, want *tensor.Tensor, tl tol) {
 	if r.bad > 0 {
 		t.Errorf("%s %s: %d of %d elements out of tolerance:\n  %s", op, name, r.bad, r.n, strings.Join(msgs, "\n  "))
 	}
+}
+
+// coldWeights returns bytes of bf16 weights on d (random values repeated): more than L2
+// holds, for timings that rotate through copies so that every weight comes from HBM.
+func coldWeights(t *testing.T, d *Device, rng *rand.Rand, bytes int) *Tensor {
+	t.Helper()
+	buf, err := d.Alloc(tensor.BF16, bytes/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Free(buf) })
+	const chunk = 32 << 20
+	seed := up(t, d, randTensor(rng, tensor.BF16, []int{chunk / 2}, -1, 1))[0]
+	if err := d.do(func() error {
+		for off := 0; off+chunk <= bytes; off += chunk {
+			if err := cubind.MemcpyDtoDAsync(buf.ptr+cubind.DevicePtr(off), seed.ptr, chunk, d.stream); err != nil {
+				return err
+			}
+		}
+		return d.sync()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return buf
+}
+
+// replayTime launches exe once to warm up, then reps times between two events, and returns
+// the time of one replay. The device must be locked (inside do).
+func replayTime(d *Device, exe cubind.GraphExec, reps int) (time.Duration, error) {
+	start, err := cubind.EventCreate(cubind.EventDefault)
+	if err != nil {
+		return 0, err
+	}
+	defer start.Destroy()
+	end, err := cubind.EventCreate(cubind.EventDefault)
+	if err != nil {
+		return 0, err
+	}
+	defer end.Destroy()
+	if err := exe.Launch(d.stream); err != nil {
+		return 0, err
+	}
+	if err := start.Record(d.stream); err != nil {
+		return 0, err
+	}
+	for range reps {
+		if err := exe.Launch(d.stream); err != nil {
+			return 0, err
+		}
+	}
+	if err := end.Record(d.stream); err != nil {
+		return 0, err
+	}
+	if err := end.Synchronize(); err != nil {
+		return 0, err
+	}
+	el, err := cubind.Elapsed(start, end)
+	return el / time.Duration(reps), err
 }

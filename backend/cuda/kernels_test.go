@@ -672,37 +672,10 @@ func graphTime(t *testing.T, d *Device, reps int, f func() error) time.Duration 
 		t.Fatalf("capture: %v", err)
 	}
 	defer d.do(exe.Destroy)
-	const replays = 5
 	var el time.Duration
 	err = d.do(func() error {
-		start, err := cubind.EventCreate(0)
-		if err != nil {
-			return err
-		}
-		defer start.Destroy()
-		end, err := cubind.EventCreate(0)
-		if err != nil {
-			return err
-		}
-		defer end.Destroy()
-		if err := exe.Launch(d.stream); err != nil {
-			return err
-		}
-		if err := start.Record(d.stream); err != nil {
-			return err
-		}
-		for range replays {
-			if err := exe.Launch(d.stream); err != nil {
-				return err
-			}
-		}
-		if err := end.Record(d.stream); err != nil {
-			return err
-		}
-		if err := end.Synchronize(); err != nil {
-			return err
-		}
-		el, err = cubind.Elapsed(start, end)
+		var err error
+		el, err = replayTime(d, exe, 5)
 		return err
 	})
 	if err != nil {
@@ -711,7 +684,7 @@ func graphTime(t *testing.T, d *Device, reps int, f func() error) time.Duration 
 	if err := d.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	return el / time.Duration(replays*reps)
+	return el / time.Duration(reps)
 }
 
 // TestFastPathTimings times, when LOOM_CUDA_TIMINGS=1, the copies and norms on Llama-3.1-8B
