@@ -304,24 +304,7 @@ func checkCandidates(t *testing.T, d *Device, c gemvCase, xh *tensor.Tensor, w *
 func captureLinear(t *testing.T, d *Device, f func() error) {
 	t.Helper()
 	err := d.do(func() error {
-		if err := d.stream.BeginCapture(cubind.CaptureModeThreadLocal); err != nil {
-			return err
-		}
-		d.capturing = true
-		err := f()
-		d.capturing = false
-		g, endErr := d.stream.EndCapture()
-		if err == nil {
-			err = endErr
-		}
-		if err != nil {
-			if g != 0 {
-				g.Destroy()
-			}
-			return err
-		}
-		defer g.Destroy()
-		exe, err := g.Instantiate()
+		exe, err := d.captureGraph(f)
 		if err != nil {
 			return err
 		}
