@@ -320,38 +320,16 @@ func TestEventsAndGraphs(t *testing.T) {
 	t.Logf("incr over %d ints: %v", n, el)
 
 	// Capture two launches into a graph and replay it three times: +2 +2 per replay.
-	if err := s.BeginCapture(CaptureModeThreadLocal); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if err := LaunchKernel(f, Dim3{n / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, &args); err != nil {
-			s.EndCapture()
-			t.Fatal(err)
+	exe := captureOn(t, s, func() error {
+		for range 2 {
+			if err := LaunchKernel(f, Dim3{n / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, &args); err != nil {
+				return err
+			}
 		}
-	}
-	g, err := s.EndCapture()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Destroy()
-	exe, err := g.Instantiate()
-	if err != nil {
-		t.Fatal(err)
-	}
+		return nil
+	})
 	defer exe.Destroy()
-	for range 3 {
-		if err := exe.Launch(s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got := make([]int32, n)
-	if err := MemcpyDtoHAsync(got, x, s); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Synchronize(); err != nil {
-		t.Fatal(err)
-	}
-	for i, v := range got {
+	for i, v := range launchThenRead(t, s, exe, 3, x, n) {
 		if v != 2+3*4 {
 			t.Fatalf("x[%d] = %d after one launch and 3 graph replays, want 14", i, v)
 		}
@@ -507,33 +485,9 @@ func TestLaunchKernelPDL(t *testing.T) {
 	if err := launchChain(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.BeginCapture(CaptureModeThreadLocal); err != nil {
-		t.Fatal(err)
-	}
-	err = launchChain()
-	g, endErr := s.EndCapture()
-	if err != nil || endErr != nil {
-		t.Fatal(err, endErr)
-	}
-	defer g.Destroy()
-	exe, err := g.Instantiate()
-	if err != nil {
-		t.Fatal(err)
-	}
+	exe := captureOn(t, s, launchChain)
 	defer exe.Destroy()
-	for range 3 {
-		if err := exe.Launch(s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got := make([]int32, n)
-	if err := MemcpyDtoHAsync(got, x, s); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Synchronize(); err != nil {
-		t.Fatal(err)
-	}
-	for i, v := range got {
+	for i, v := range launchThenRead(t, s, exe, 3, x, n) {
 		if v != 4*chain {
 			t.Fatalf("x[%d] = %d after 4 chains of %d increments, want %d", i, v, chain, 4*chain)
 		}
@@ -546,22 +500,14 @@ func TestLaunchKernelPDL(t *testing.T) {
 		}
 		var small Args
 		small.Ptr(x).I32(32)
-		if err := s.BeginCapture(CaptureModeThreadLocal); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		for i := 0; i < 200 && err == nil; i++ {
-			err = launch(f, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, s, &small)
-		}
-		g, endErr := s.EndCapture()
-		if err != nil || endErr != nil {
-			t.Fatal(err, endErr)
-		}
-		exe, err := g.Instantiate()
-		g.Destroy()
-		if err != nil {
-			t.Fatal(err)
-		}
+		exe := captureOn(t, s, func() error {
+			for range 200 {
+				if err := launch(f, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, s, &small); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 		exe.Launch(s)
 		s.Synchronize()
 		start := time.Now()
@@ -574,4 +520,45 @@ func TestLaunchKernelPDL(t *testing.T) {
 		t.Logf("graph of 200 one-block kernels, PDL %v: %.2f µs per kernel", pdl, float64(time.Since(start).Microseconds())/2000)
 		exe.Destroy()
 	}
+}
+
+// captureOn records what queue launches on s into a graph, instantiated; the test fails
+// on an error. The caller destroys the result.
+func captureOn(t *testing.T, s Stream, queue func() error) GraphExec {
+	t.Helper()
+	if err := s.BeginCapture(CaptureModeThreadLocal); err != nil {
+		t.Fatal(err)
+	}
+	err := queue()
+	g, endErr := s.EndCapture()
+	if err != nil || endErr != nil {
+		if g != 0 {
+			g.Destroy()
+		}
+		t.Fatal(err, endErr)
+	}
+	defer g.Destroy()
+	exe, err := g.Instantiate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
+// launchThenRead replays exe times times on s and returns the n int32 at x.
+func launchThenRead(t *testing.T, s Stream, exe GraphExec, times int, x DevicePtr, n int) []int32 {
+	t.Helper()
+	for range times {
+		if err := exe.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]int32, n)
+	if err := MemcpyDtoHAsync(got, x, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
