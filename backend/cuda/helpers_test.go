@@ -333,3 +333,36 @@ func replayTime(d *Device, exe cubind.GraphExec, reps int) (time.Duration, error
 	el, err := cubind.Elapsed(start, end)
 	return el / time.Duration(reps), err
 }
+
+// nvrtcArch is the architecture the compile-only tests build for: the GPU's when one is
+// present, else sm_90 when NVRTC knows it, else sm_80. It skips the test without NVRTC.
+func nvrtcArch(t *testing.T) string {
+	t.Helper()
+	if _, err := cubind.NVRTCLibrary(); err != nil {
+		t.Skip("no NVRTC: " + err.Error())
+	}
+	if testDev != nil {
+		return testDev.info.Arch
+	}
+	if archs, _ := cubind.NVRTCSupportedArchs(); slices.Contains(archs, 90) {
+		return "sm_90"
+	}
+	return "sm_80"
+}
+
+// compileOnly compiles kernel file with extra appended for arch with NVRTC, as the device
+// would, and returns the cubin (nil after reporting an error).
+func compileOnly(t *testing.T, file, extra, arch string) []byte {
+	t.Helper()
+	src, err := kernelSource(file, extra)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	cubin, log, err := cubind.CompileCUBIN(src, file, append([]string{"--gpu-architecture=" + arch}, kernelOptions(file)...))
+	if err != nil {
+		t.Errorf("%s %s: %v\n%s", file, extra, err, log)
+		return nil
+	}
+	return cubin
+}

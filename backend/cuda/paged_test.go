@@ -376,19 +376,7 @@ func TestPagedAttentionWorkspace(t *testing.T) {
 // The paged kernels compile with NVRTC for every configuration the tests use; this needs
 // NVRTC only, not a GPU.
 func TestPagedKernelsCompile(t *testing.T) {
-	if _, err := cubind.NVRTCLibrary(); err != nil {
-		t.Skip("no NVRTC: " + err.Error())
-	}
-	archs, _ := cubind.NVRTCSupportedArchs()
-	arch := "sm_80"
-	for _, a := range archs {
-		if a == 90 {
-			arch = "sm_90"
-		}
-	}
-	if testDev != nil {
-		arch = testDev.info.Arch
-	}
+	arch := nvrtcArch(t)
 	cases := []pagedCase{
 		{ctx: []int{5}, nw: []int{1}, bs: 16, KV: 8, G: 4, D: 128, dt: tensor.BF16, cdt: tensor.BF16},
 		{ctx: []int{5}, nw: []int{1}, bs: 16, KV: 2, G: 6, D: 256, dt: tensor.F32, cdt: tensor.F32},
@@ -396,13 +384,7 @@ func TestPagedKernelsCompile(t *testing.T) {
 	}
 	for _, c := range cases {
 		for _, e := range c.kernels() {
-			src, err := kernelSource("paged.cu", e)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, log, err := cubind.CompileCUBIN(src, "paged.cu", append([]string{"--gpu-architecture=" + arch}, kernelOptions("paged.cu")...)); err != nil {
-				t.Errorf("%s: %v\n%s", e, err, log)
-			}
+			compileOnly(t, "paged.cu", e, arch)
 		}
 	}
 }
@@ -570,19 +552,7 @@ func TestFlashPrefillMatchesCPU(t *testing.T) {
 // The tensor-core prefill compiles with NVRTC for head sizes 64, 80, 128 and 256 and both
 // splits of P; this needs NVRTC only, not a GPU.
 func TestFlashKernelsCompile(t *testing.T) {
-	if _, err := cubind.NVRTCLibrary(); err != nil {
-		t.Skip("no NVRTC: " + err.Error())
-	}
-	archs, _ := cubind.NVRTCSupportedArchs()
-	arch := "sm_80"
-	for _, a := range archs {
-		if a == 90 {
-			arch = "sm_90"
-		}
-	}
-	if testDev != nil {
-		arch = testDev.info.Arch
-	}
+	arch := nvrtcArch(t)
 	var wg sync.WaitGroup
 	for _, D := range []int{64, 80, 128, 256} {
 		for _, ps := range []int{1, 2} {
@@ -590,15 +560,9 @@ func TestFlashKernelsCompile(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				inst, name := flashKernel(D, ps)
-				src, err := kernelSource("flash.cu", inst)
-				if err != nil {
-					t.Error(err)
-					return
-				}
 				start := time.Now()
-				cubin, log, err := cubind.CompileCUBIN(src, "flash.cu", append([]string{"--gpu-architecture=" + arch}, kernelOptions("flash.cu")...))
-				if err != nil {
-					t.Errorf("%s: %v\n%s", inst, err, log)
+				cubin := compileOnly(t, "flash.cu", inst, arch)
+				if cubin == nil {
 					return
 				}
 				if !strings.Contains(string(cubin), name) {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -293,23 +292,7 @@ func TestSampleParamsTensor(t *testing.T) {
 
 // sample.cu compiles with NVRTC (no GPU needed).
 func TestSampleKernelCompiles(t *testing.T) {
-	if _, err := cubind.NVRTCLibrary(); err != nil {
-		t.Skip("no NVRTC: " + err.Error())
-	}
-	arch := "sm_80"
-	if archs, _ := cubind.NVRTCSupportedArchs(); slices.Contains(archs, 90) {
-		arch = "sm_90"
-	}
-	if testDev != nil {
-		arch = testDev.info.Arch
-	}
-	src, err := kernelSource("sample.cu", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, log, err := cubind.CompileCUBIN(src, "sample.cu", append([]string{"--gpu-architecture=" + arch}, kernelOptions("sample.cu")...)); err != nil {
-		t.Fatalf("%v\n%s", err, log)
-	}
+	compileOnly(t, "sample.cu", "", nvrtcArch(t))
 }
 
 // TestSampleTimings times SampleRows on a Llama-3 vocabulary (128256) for 1 and 64 rows
