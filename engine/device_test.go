@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/model/synth"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -287,5 +289,71 @@ func TestCUDABF16LogitError(t *testing.T) {
 		if worst[1] > 1.5*worst[0]+0.05 {
 			t.Errorf("%s: tp=2 moves the bf16 logits by %.4f, tp=1 by %.4f: the all-reduce loses more than rounding", name, worst[1], worst[0])
 		}
+	}
+}
+
+// tp=2 against tp=1 on a checkpoint from loom synth (llama-3.2-1b's shape, two layers,
+// random weights): the paged CUDA engines give the same greedy tokens with f32 activations,
+// up to a near tie of tp=1's logits (the margins come from tp=1's whole-sequence graph run
+// over each prompt and its tokens).
+func TestCUDASynthTP2MatchesTP1(t *testing.T) {
+	needGPUs(t, 2)
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	if err := synth.Write(ctx, "llama-3.2-1b", dir, synth.Options{Layers: 2, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	prompts := [][]int{{128000, 791, 4320, 315, 9822}, {128000, 40, 1093, 264, 2697, 11, 1148, 374}, {128000, 16, 17, 18}}
+	const newTokens = 24
+	var reqs []Request
+	for _, p := range prompts {
+		reqs = append(reqs, Request{Prompt: p, MaxTokens: newTokens, IgnoreEOS: true})
+	}
+	run := func(spec string) [][]int {
+		opts := LoadOptions{Optimize: true, PagedCache: true, ActivationDType: tensor.F32}
+		if spec != "" {
+			mesh, err := dist.ParseMesh(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts.Mesh = mesh
+		}
+		m, err := LoadCUDA(ctx, dir, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		e, err := NewCUDA(ctx, m, Options{MaxTokensPerStep: 64, KVBlocks: 64, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		return generateAll(t, e, reqs)
+	}
+	one, two := run(""), run("tp=2")
+	whole, err := LoadCUDA(ctx, dir, LoadOptions{Optimize: true, ActivationDType: tensor.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	for i, p := range prompts {
+		logits, vocab := runAll(t, whole.Executable(), slices.Concat(p, one[i]))
+		margins := make([]float64, len(one[i]))
+		for j := range margins {
+			row := logits[(len(p)-1+j)*vocab : (len(p)+j)*vocab]
+			best, second := math.Inf(-1), math.Inf(-1)
+			for _, v := range row {
+				if f := float64(v); f > best {
+					best, second = f, best
+				} else if f > second {
+					second = f
+				}
+			}
+			margins[j] = best - second
+			if best := Argmax(row); best != one[i][j] {
+				t.Errorf("prompt %d step %d: the engine chose %d, its logits' argmax is %d", i, j, one[i][j], best)
+			}
+		}
+		sameUpToTie(t, fmt.Sprintf("prompt %d tp=2 vs tp=1", i), two[i], one[i], margins)
 	}
 }
