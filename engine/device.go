@@ -367,7 +367,7 @@ func joinPeerIPC(ctx context.Context, w *nccl.World, d *cuda.Device, rank, n int
 			if why == "" {
 				why = fmt.Sprintf("rank %d cannot map the others' memory", q)
 			}
-			slog.Info("one-shot all-reduce off across processes; every all-reduce goes through NCCL", "rank", rank, "why", why)
+			slog.Warn("one-shot all-reduce off across processes; every all-reduce goes through NCCL", "rank", rank, "why", why)
 			return nil, nil
 		}
 	}
@@ -375,6 +375,7 @@ func joinPeerIPC(ctx context.Context, w *nccl.World, d *cuda.Device, rank, n int
 	if err != nil {
 		return nil, fmt.Errorf("one-shot all-reduce: %w", err)
 	}
+	slog.Info("one-shot all-reduce across processes through CUDA IPC", "rank", rank, "ranks", n)
 	return pr, nil
 }
 
