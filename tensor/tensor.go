@@ -223,3 +223,20 @@ func (t *Tensor) String() string {
 	sb.WriteString("]")
 	return sb.String()
 }
+
+// CopyRange copies n elements of src from flat index sOff to dst at dOff; both have the
+// same dtype.
+func CopyRange(dst *Tensor, dOff int, src *Tensor, sOff, n int) {
+	switch src.DType {
+	case F32:
+		copy(dst.F32[dOff:dOff+n], src.F32[sOff:sOff+n])
+	case BF16, F16:
+		copy(dst.Half[dOff:dOff+n], src.Half[sOff:sOff+n])
+	case I32:
+		copy(dst.I32[dOff:dOff+n], src.I32[sOff:sOff+n])
+	case I64:
+		copy(dst.I64[dOff:dOff+n], src.I64[sOff:sOff+n])
+	case Bool:
+		copy(dst.Bool[dOff:dOff+n], src.Bool[sOff:sOff+n])
+	}
+}

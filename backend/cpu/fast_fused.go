@@ -302,7 +302,7 @@ func fastRepeatKV(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tens
 		for h := range KV {
 			src := (b*KV + h) * block
 			for r := range rep {
-				copyRange(res, ((b*KV+h)*rep+r)*block, x, src, block)
+				tensor.CopyRange(res, ((b*KV+h)*rep+r)*block, x, src, block)
 			}
 		}
 	}

@@ -70,7 +70,7 @@ func fastQKVRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 			b, h, s := row/(nh*S), row/S%nh, row%S
 			src := (b*S+s)*W + (first+h)*D
 			if part == 2 {
-				copyRange(res[2], row*D, x, src, D)
+				tensor.CopyRange(res[2], row*D, x, src, D)
 				continue
 			}
 			t := (b*S + s) * half

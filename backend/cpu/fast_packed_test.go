@@ -72,7 +72,7 @@ func layOut(x *tensor.Tensor, first, nh, D int) *tensor.Tensor {
 	for b := range B {
 		for h := range nh {
 			for s := range S {
-				copyRange(out, ((b*nh+h)*S+s)*D, x, (b*S+s)*W+(first+h)*D, D)
+				tensor.CopyRange(out, ((b*nh+h)*S+s)*D, x, (b*S+s)*W+(first+h)*D, D)
 			}
 		}
 	}
@@ -136,8 +136,8 @@ func TestFastSwiGLUPacked(t *testing.T) {
 				half := append(append([]int(nil), shape[:len(shape)-1]...), I)
 				g, u := tensor.New(dt, half...), tensor.New(dt, half...)
 				for r := range rows {
-					copyRange(g, r*I, x, 2*r*I, I)
-					copyRange(u, r*I, x, (2*r+1)*I, I)
+					tensor.CopyRange(g, r*I, x, 2*r*I, I)
+					tensor.CopyRange(u, r*I, x, (2*r+1)*I, I)
 				}
 				sameBits(t, "fast vs fastSwiGLU", got, runOn(t, fastSwiGLU, "swiglu", nil, g, u))
 			})

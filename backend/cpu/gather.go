@@ -26,7 +26,7 @@ func gatherKernel(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tens
 	res := tensor.New(x.DType, out[0].Shape...)
 	for o := range outer {
 		for j, i := range idx {
-			copyRange(res, (o*len(idx)+j)*inner, x, (o*size+int(i))*inner, inner)
+			tensor.CopyRange(res, (o*len(idx)+j)*inner, x, (o*size+int(i))*inner, inner)
 		}
 	}
 	return []*tensor.Tensor{res}, nil

@@ -2,9 +2,9 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -164,7 +164,7 @@ func embedding(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor,
 		if id < 0 || id >= int64(V) {
 			return nil, fmt.Errorf("id %d (at position %d) is out of range for an embedding table of %d rows", id, i, V)
 		}
-		copyRange(res, i*D, tab, int(id)*D, D)
+		tensor.CopyRange(res, i*D, tab, int(id)*D, D)
 	}
 	return []*tensor.Tensor{res.Cast(o.DType)}, nil
 }
@@ -175,45 +175,11 @@ func constant(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, 
 	if err := checkArgs(n, in, out, 0, 1); err != nil {
 		return nil, err
 	}
-	o := out[0]
-	vals := n.Attrs.Floats("values")
-	size := tensor.Numel(o.Shape)
-	if len(vals) != 1 && len(vals) != size {
-		return nil, fmt.Errorf("const of shape %v has %d values", o.Shape, len(vals))
+	t, err := backend.Const(n, out[0].DType, out[0].Shape)
+	if err != nil {
+		return nil, err
 	}
-	at := func(i int) float64 {
-		if len(vals) == 1 {
-			return vals[0]
-		}
-		return vals[i]
-	}
-	switch {
-	case o.DType.IsFloat():
-		res := make([]float32, size)
-		for i := range res {
-			res[i] = float32(at(i))
-		}
-		return []*tensor.Tensor{fromF32(res, o)}, nil
-	case o.DType.IsInt():
-		lo, hi := -math.Pow(2, 63), math.Pow(2, 63)
-		if o.DType == tensor.I32 {
-			lo, hi = math.MinInt32, math.MaxInt32+1
-		}
-		res := make([]int64, size)
-		for i := range res {
-			v := at(i)
-			if !(v >= lo && v < hi) {
-				return nil, fmt.Errorf("const value %v does not fit %s", v, o.DType)
-			}
-			res[i] = int64(v)
-		}
-		return []*tensor.Tensor{fromI64(res, o)}, nil
-	}
-	res := make([]bool, size)
-	for i := range res {
-		res[i] = at(i) != 0
-	}
-	return []*tensor.Tensor{fromBool(res, o)}, nil
+	return []*tensor.Tensor{t}, nil
 }
 
 // iota: no inputs -> out[shape] (symbols resolved) whose elements are their index along the

@@ -181,22 +181,6 @@ func scatter(dst, src *tensor.Tensor, stride []int, base int) {
 	}
 }
 
-// copyRange copies n elements from src at so to dst at do; both have the same dtype.
-func copyRange(dst *tensor.Tensor, do int, src *tensor.Tensor, so, n int) {
-	switch src.DType {
-	case tensor.F32:
-		copy(dst.F32[do:do+n], src.F32[so:so+n])
-	case tensor.BF16, tensor.F16:
-		copy(dst.Half[do:do+n], src.Half[so:so+n])
-	case tensor.I32:
-		copy(dst.I32[do:do+n], src.I32[so:so+n])
-	case tensor.I64:
-		copy(dst.I64[do:do+n], src.I64[so:so+n])
-	case tensor.Bool:
-		copy(dst.Bool[do:do+n], src.Bool[so:so+n])
-	}
-}
-
 // float64s returns the elements widened to float64 (bools as 0 and 1).
 func float64s(t *tensor.Tensor) []float64 {
 	out := make([]float64, t.Numel())

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
@@ -37,38 +38,7 @@ func constTensor(n *graph.Node) (*tensor.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	vals := n.Attrs.Floats("values")
-	size := tensor.Numel(shape)
-	if len(vals) != 1 && len(vals) != size {
-		return nil, fmt.Errorf("const of shape %v has %d values", shape, len(vals))
-	}
-	at := func(i int) float64 {
-		if len(vals) == 1 {
-			return vals[0]
-		}
-		return vals[i]
-	}
-	t := tensor.New(o.DType, shape...)
-	for i := range size {
-		v := at(i)
-		switch o.DType {
-		case tensor.F32:
-			t.F32[i] = float32(v)
-		case tensor.BF16:
-			t.Half[i] = tensor.F32ToBF16(float32(v))
-		case tensor.F16:
-			t.Half[i] = tensor.F32ToF16(float32(v))
-		case tensor.I32:
-			t.I32[i] = int32(v)
-		case tensor.I64:
-			t.I64[i] = int64(v)
-		case tensor.Bool:
-			t.Bool[i] = v != 0
-		default:
-			return nil, fmt.Errorf("const of dtype %s", o.DType)
-		}
-	}
-	return t, nil
+	return backend.Const(n, o.DType, shape)
 }
 
 // bind checks the run's inputs against the graph inputs and returns the symbol bindings.

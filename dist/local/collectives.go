@@ -88,7 +88,7 @@ func (c *Comm) AllReduceStrategy(ctx context.Context, g dist.Group, op dist.Redu
 	if strategy == dist.StrategyOneShot && n > 1 && m > 0 {
 		stage = func(s *session, cl *call) {
 			cl.stage = s.gs.stage[s.idx][s.step%2].tensor(t.DType, m)
-			copyElems(cl.stage, 0, t, 0, m)
+			tensor.CopyRange(cl.stage, 0, t, 0, m)
 		}
 	}
 	s, err := c.enter(ctx, g, cl, stage)
@@ -123,7 +123,7 @@ func (c *Comm) AllReduceStrategy(ctx context.Context, g dist.Group, op dist.Redu
 	for r := range n {
 		if r != s.idx {
 			lo, hi := chunk(m, n, r)
-			copyElems(t, lo, srcs[r], lo, hi-lo)
+			tensor.CopyRange(t, lo, srcs[r], lo, hi-lo)
 		}
 	}
 	s.barrier(1) // nobody reads t any more
@@ -150,7 +150,7 @@ func (c *Comm) AllGather(ctx context.Context, g dist.Group, t *tensor.Tensor, ax
 	inner := tensor.Numel(t.Shape[ax:])
 	for r, src := range s.tensors() {
 		for o := range outer {
-			copyElems(out, (o*n+r)*inner, src, o*inner, inner)
+			tensor.CopyRange(out, (o*n+r)*inner, src, o*inner, inner)
 		}
 	}
 	s.barrier(0)
@@ -236,7 +236,7 @@ func (c *Comm) Broadcast(ctx context.Context, g dist.Group, t *tensor.Tensor, ro
 	}
 	defer s.leave()
 	if s.idx != root {
-		copyElems(t, 0, s.calls[root].t, 0, t.Numel())
+		tensor.CopyRange(t, 0, s.calls[root].t, 0, t.Numel())
 	}
 	s.barrier(0) // the root's t is read no more
 	return nil

@@ -150,22 +150,6 @@ func widen(dst []float32, src []uint16, bf bool) {
 	}
 }
 
-// copyElems copies n elements from src at sOff to dst at dOff; both have dst's dtype.
-func copyElems(dst *tensor.Tensor, dOff int, src *tensor.Tensor, sOff, n int) {
-	switch dst.DType {
-	case tensor.F32:
-		copy(dst.F32[dOff:dOff+n], src.F32[sOff:sOff+n])
-	case tensor.BF16, tensor.F16:
-		copy(dst.Half[dOff:dOff+n], src.Half[sOff:sOff+n])
-	case tensor.I32:
-		copy(dst.I32[dOff:dOff+n], src.I32[sOff:sOff+n])
-	case tensor.I64:
-		copy(dst.I64[dOff:dOff+n], src.I64[sOff:sOff+n])
-	case tensor.Bool:
-		copy(dst.Bool[dOff:dOff+n], src.Bool[sOff:sOff+n])
-	}
-}
-
 // copyBox copies the box of the given shape that starts at srcStart in src to dstStart in
 // dst (tensors of one dtype and rank), in runs as long as the layouts allow.
 func copyBox(dst *tensor.Tensor, dstStart []int, src *tensor.Tensor, srcStart []int, box []int) {
@@ -192,7 +176,7 @@ func copyBox(dst *tensor.Tensor, dstStart []int, src *tensor.Tensor, srcStart []
 			sOff += (srcStart[i] + c) * sStride[i]
 			dOff += (dstStart[i] + c) * dStride[i]
 		}
-		copyElems(dst, dOff, src, sOff, run)
+		tensor.CopyRange(dst, dOff, src, sOff, run)
 		i := m - 1
 		for ; i >= 0; i-- {
 			idx[i]++
