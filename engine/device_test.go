@@ -13,6 +13,7 @@ import (
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/model/synth"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -350,7 +351,7 @@ func TestCUDASynthTP2MatchesTP1(t *testing.T) {
 				}
 			}
 			margins[j] = best - second
-			if best := Argmax(row); best != one[i][j] {
+			if best := sample.Argmax(row); best != one[i][j] {
 				t.Errorf("prompt %d step %d: the engine chose %d, its logits' argmax is %d", i, j, one[i][j], best)
 			}
 		}

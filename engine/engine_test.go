@@ -250,7 +250,7 @@ func TestCachedEqualsRecompute(t *testing.T) {
 						t.Fatalf("sequence %d at %d tokens: cached logits differ from recomputation by %.2e at token %d", i, done[i], d, at)
 					}
 					if done[i] == len(seqs[i]) {
-						seqs[i] = append(seqs[i], Argmax(l))
+						seqs[i] = append(seqs[i], sample.Argmax(l))
 					}
 				}
 			}

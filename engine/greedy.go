@@ -26,6 +26,7 @@ import (
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 	"github.com/loom-ml/loom/transform"
 )
@@ -66,7 +67,7 @@ func GreedyRecompute(ctx context.Context, exe Executable, prompt []int, maxNew i
 		if len(res.NewIDs) >= maxNew {
 			return res, nil
 		}
-		next := Argmax(logits)
+		next := sample.Argmax(logits)
 		res.NewIDs = append(res.NewIDs, next)
 		if len(res.NewIDs) == maxNew {
 			return res, nil
@@ -133,15 +134,4 @@ func recomputeInputs(g *graph.Graph, seq []int) (map[string]*tensor.Tensor, erro
 	}
 	cache.Bind(in)
 	return in, nil
-}
-
-// Argmax returns the index of the largest value, the first one on ties.
-func Argmax(xs []float32) int {
-	best := 0
-	for i, x := range xs {
-		if x > xs[best] {
-			best = i
-		}
-	}
-	return best
 }

@@ -94,7 +94,7 @@ func (s *Sampler) Sample(logits []float32) (Result, error) {
 	}
 	var tok int
 	if s.p.Greedy() {
-		tok = argmax(x)
+		tok = Argmax(x)
 	} else {
 		cand, w := s.candidates(x)
 		tok = cand[s.draw(w)]
@@ -335,8 +335,9 @@ func (s *Sampler) draw(w []float64) int {
 	return 0
 }
 
-// argmax returns the index of the largest value, the lowest one on ties.
-func argmax(x []float64) int {
+// Argmax returns the index of the largest value, the lowest one on ties (NaN never
+// replaces the first element, as a sequential scan with ">" gives).
+func Argmax[F float32 | float64](x []F) int {
 	best := 0
 	for i, v := range x {
 		if v > x[best] {

@@ -226,7 +226,7 @@ func checkAgainstCPU(t *testing.T, d *Device, name string, act tensor.DType, m *
 		for b := range bs[0] {
 			off := (b*bs[1] + bs[1] - 1) * V
 			w, gv := want.Float32s()[off:off+V], out[0].Float32s()[off:off+V]
-			wi, gi := goArgmax(w), goArgmax(gv)
+			wi, gi := sample.Argmax(w), sample.Argmax(gv)
 			if wi != gi && math.Abs(float64(w[wi]-w[gi])) > float64(maxWant)/64 {
 				t.Errorf("%s B%d S%d row %d: GPU picks token %d, CPU %d (logits %v vs %v)", name, bs[0], bs[1], b, gi, wi, w[gi], w[wi])
 			}
@@ -321,7 +321,7 @@ func checkHFParity(t *testing.T, d *Device, name string, m *model.Model, g *grap
 		seq := generatePrompt(pr.IDs)
 		for j, wantID := range pr.GreedyNewIDs {
 			all := logits(seq)
-			gotID := goArgmax(all[(len(seq)-1)*V:])
+			gotID := sample.Argmax(all[(len(seq)-1)*V:])
 			if gotID != wantID {
 				if j < len(pr.GreedyMargins) && pr.GreedyMargins[j] < 0.01 {
 					t.Logf("%s prompt %d: step %d is a near-tie (margin %.4f); comparison stops", name, i, j, pr.GreedyMargins[j])
@@ -429,7 +429,7 @@ func TestRunSampledAndProfile(t *testing.T) {
 	V := m.Config.VocabSize
 	for i, id := range ids {
 		row := want[0].Float32s()[i*V : (i+1)*V]
-		if w := goArgmax(row); int(id) != w {
+		if w := sample.Argmax(row); int(id) != w {
 			t.Errorf("row %d: sampled %d, argmax %d", i, id, w)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -304,16 +305,6 @@ func TestSDPA(t *testing.T) {
 	}
 }
 
-func goArgmax(xs []float32) int {
-	best := 0
-	for i, x := range xs {
-		if x > xs[best] {
-			best = i
-		}
-	}
-	return best
-}
-
 func TestArgmax(t *testing.T) {
 	d := gpu(t)
 	rng := rand.New(rand.NewPCG(9, 9))
@@ -338,7 +329,7 @@ func TestArgmax(t *testing.T) {
 		want := tensor.New(tensor.I32, tc.shape[:len(tc.shape)-1]...)
 		all := x.Float32s()
 		for r := range rows {
-			want.I32[r] = int32(goArgmax(all[r*V : (r+1)*V]))
+			want.I32[r] = int32(sample.Argmax(all[r*V : (r+1)*V]))
 		}
 		in := up(t, d, x)
 		out := like(t, d, want)

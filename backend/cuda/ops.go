@@ -576,7 +576,7 @@ func (d *Device) sdpa(out, q, k, v, pos *Tensor, scale float32, window int) erro
 
 // Argmax writes to out i32[...] the index of the largest element along the last axis of
 // x[...,V] (f32 or bf16): the lowest index on ties; NaN never wins (a row that starts with
-// NaN gives 0, as engine.Argmax does).
+// NaN gives 0, as sample.Argmax does).
 func (d *Device) Argmax(out, x *Tensor) error {
 	return d.do(func() error { return d.argmax(out, x) })
 }

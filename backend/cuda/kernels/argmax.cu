@@ -1,6 +1,6 @@
 // Argmax over the last axis: out[row] = the index of the largest of x[row, 0:V], the lowest
 // index on ties. NaN never wins, and a row whose first element is NaN gives 0 (what a
-// sequential scan with ">" gives, as engine.Argmax does). One block per row.
+// sequential scan with ">" gives, as sample.Argmax does). One block per row.
 
 struct Best {
   float v;
