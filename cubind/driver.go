@@ -133,9 +133,7 @@ func loadDriver() error {
 		b.bind(&fnDeviceGetAttribute, "cuDeviceGetAttribute")
 		b.bind(&fnDeviceTotalMem, "cuDeviceTotalMem_v2")
 		b.bind(&fnPrimaryCtxRetain, "cuDevicePrimaryCtxRetain")
-		if !b.optional(&fnPrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease") {
-			b.missing = append(b.missing, "cuDevicePrimaryCtxRelease_v2")
-		}
+		b.bind(&fnPrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease")
 		b.bind(&fnCtxSetCurrent, "cuCtxSetCurrent")
 		b.bind(&fnCtxSynchronize, "cuCtxSynchronize")
 		b.bind(&fnMemAlloc, "cuMemAlloc_v2")
@@ -147,21 +145,15 @@ func loadDriver() error {
 		b.bind(&fnMemsetD8Async, "cuMemsetD8Async")
 		b.bind(&fnMemsetD32Async, "cuMemsetD32Async")
 		b.bind(&fnStreamCreate, "cuStreamCreate")
-		if !b.optional(&fnStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy") {
-			b.missing = append(b.missing, "cuStreamDestroy_v2")
-		}
+		b.bind(&fnStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy")
 		b.bind(&fnStreamSynchronize, "cuStreamSynchronize")
 		b.bind(&fnStreamWaitEvent, "cuStreamWaitEvent")
 		b.bind(&fnEventCreate, "cuEventCreate")
-		if !b.optional(&fnEventDestroy, "cuEventDestroy_v2", "cuEventDestroy") {
-			b.missing = append(b.missing, "cuEventDestroy_v2")
-		}
+		b.bind(&fnEventDestroy, "cuEventDestroy_v2", "cuEventDestroy")
 		b.bind(&fnEventRecord, "cuEventRecord")
 		b.bind(&fnEventSynchronize, "cuEventSynchronize")
 		b.bind(&fnEventQuery, "cuEventQuery")
-		if !b.optional(&fnEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime") {
-			b.missing = append(b.missing, "cuEventElapsedTime")
-		}
+		b.bind(&fnEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime")
 		b.bind(&fnModuleLoadData, "cuModuleLoadData")
 		b.bind(&fnModuleUnload, "cuModuleUnload")
 		b.bind(&fnModuleGetFunction, "cuModuleGetFunction")
@@ -169,9 +161,7 @@ func loadDriver() error {
 		b.bind(&fnFuncGetAttribute, "cuFuncGetAttribute")
 		b.bind(&fnLaunchKernel, "cuLaunchKernel")
 		b.optional(&fnLaunchKernelEx, "cuLaunchKernelEx") // CUDA 12.0 and later: LaunchKernelPDL
-		if !b.optional(&fnStreamBeginCapture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture") {
-			b.missing = append(b.missing, "cuStreamBeginCapture_v2")
-		}
+		b.bind(&fnStreamBeginCapture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture")
 		b.bind(&fnStreamEndCapture, "cuStreamEndCapture")
 		b.bind(&fnGraphInstantiate, "cuGraphInstantiateWithFlags")
 		b.bind(&fnGraphLaunch, "cuGraphLaunch")

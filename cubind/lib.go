@@ -172,10 +172,11 @@ type binder struct {
 	missing []string
 }
 
-// bind sets *fptr to call the symbol name; a missing symbol is recorded, not fatal.
-func (b *binder) bind(fptr any, name string) {
-	if !b.optional(fptr, name) {
-		b.missing = append(b.missing, name)
+// bind sets *fptr to call the first of names the library exports (a newer version first,
+// then older ones); when it exports none, names[0] is recorded as missing, not fatal.
+func (b *binder) bind(fptr any, names ...string) {
+	if !b.optional(fptr, names...) {
+		b.missing = append(b.missing, names[0])
 	}
 }
 

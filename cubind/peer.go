@@ -46,9 +46,7 @@ func bindPeer(b *binder) {
 	b.bind(&fnCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
 	b.bind(&fnCtxDisablePeerAccess, "cuCtxDisablePeerAccess")
 	b.bind(&fnIpcGetMemHandle, "cuIpcGetMemHandle")
-	if !b.optional(&fnIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle") {
-		b.missing = append(b.missing, "cuIpcOpenMemHandle_v2")
-	}
+	b.bind(&fnIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle")
 	b.bind(&fnIpcCloseMemHandle, "cuIpcCloseMemHandle")
 	b.bind(&fnStreamQuery, "cuStreamQuery")
 	b.bind(&fnDeviceGetPCIBusID, "cuDeviceGetPCIBusId")
