@@ -44,6 +44,19 @@ type Sample struct {
 	PromptTokens, OutputTokens int
 	// Err is set when the request failed.
 	Err error
+
+	last time.Time // when the previous piece arrived (Arrived)
+}
+
+// Arrived records a piece of streamed output arriving at now, for a request sent at start:
+// the first sets TTFT, each later one adds its gap since the previous to ITL.
+func (s *Sample) Arrived(start, now time.Time) {
+	if s.last.IsZero() {
+		s.TTFT = now.Sub(start)
+	} else {
+		s.ITL = append(s.ITL, now.Sub(s.last))
+	}
+	s.last = now
 }
 
 // Target runs one request and measures it. Do must honour ctx.

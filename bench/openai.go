@@ -155,7 +155,6 @@ func (o *OpenAI) Do(ctx context.Context, r Request) (s Sample) {
 		s.Err = errors.New(statusError(resp))
 		return s
 	}
-	var last time.Time
 	pieces := 0
 	rd := bufio.NewReaderSize(resp.Body, 64<<10)
 	for {
@@ -183,13 +182,7 @@ func (o *OpenAI) Do(ctx context.Context, r Request) (s Sample) {
 				// back), is a token's arrival; a bare closing chunk or the chat stream's
 				// opening chunk (the role alone) is not.
 				if ch := c.Choices; len(ch) > 0 && (ch[0].Text+ch[0].Delta.Content != "" || ch[0].FinishReason == nil && ch[0].Delta.Role == "") {
-					now := time.Now()
-					if last.IsZero() {
-						s.TTFT = now.Sub(start)
-					} else {
-						s.ITL = append(s.ITL, now.Sub(last))
-					}
-					last = now
+					s.Arrived(start, time.Now())
 					pieces++
 				}
 			}
@@ -207,7 +200,7 @@ func (o *OpenAI) Do(ctx context.Context, r Request) (s Sample) {
 	if s.OutputTokens == 0 {
 		s.OutputTokens = pieces // no usage: count streamed pieces
 	}
-	if last.IsZero() {
+	if pieces == 0 {
 		s.TTFT = s.Latency
 	}
 	return s

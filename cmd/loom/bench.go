@@ -298,7 +298,6 @@ func (t *engineTarget) Do(ctx context.Context, r bench.Request) (s bench.Sample)
 		return s
 	}
 	s.PromptTokens = len(ids)
-	var last time.Time
 	for {
 		ev, err := st.Recv(ctx)
 		if err != nil {
@@ -314,12 +313,7 @@ func (t *engineTarget) Do(ctx context.Context, r bench.Request) (s bench.Sample)
 			return s
 		}
 		now := time.Now()
-		if last.IsZero() {
-			s.TTFT = now.Sub(start)
-		} else {
-			s.ITL = append(s.ITL, now.Sub(last))
-		}
-		last = now
+		s.Arrived(start, now)
 		s.OutputTokens++
 		if ev.Finish != engine.FinishNone {
 			s.Latency = now.Sub(start)
