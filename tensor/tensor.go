@@ -240,3 +240,14 @@ func CopyRange(dst *Tensor, dOff int, src *Tensor, sOff, n int) {
 		copy(dst.Bool[dOff:dOff+n], src.Bool[sOff:sOff+n])
 	}
 }
+
+// Strides returns the row-major element strides of shape.
+func Strides(shape []int) []int {
+	st := make([]int, len(shape))
+	s := 1
+	for i := len(shape) - 1; i >= 0; i-- {
+		st[i] = s
+		s *= shape[i]
+	}
+	return st
+}

@@ -193,7 +193,7 @@ func iota(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, erro
 	if err != nil {
 		return nil, err
 	}
-	stride := rowStrides(o.Shape)[ax]
+	stride := tensor.Strides(o.Shape)[ax]
 	res := make([]int64, tensor.Numel(o.Shape))
 	for i := range res {
 		res[i] = int64(i / stride % o.Shape[ax])

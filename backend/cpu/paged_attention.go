@@ -52,7 +52,7 @@ func pagedAttentionKernel(attend func(*pagedArgs, Out) *tensor.Tensor) Kernel {
 		pa.write()
 		res := attend(pa, o)
 		if tokenMajor {
-			sh, st := res.Shape, rowStrides(res.Shape)
+			sh, st := res.Shape, tensor.Strides(res.Shape)
 			res = gather(res, []int{sh[0], sh[2], sh[1], sh[3]}, []int{st[0], st[2], st[1], st[3]}, 0)
 		}
 		return []*tensor.Tensor{res}, nil

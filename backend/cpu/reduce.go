@@ -47,7 +47,7 @@ func reduce(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 		return nil, err
 	}
 	// Strides that map each element of x to its output element.
-	dst := rowStrides(kept)
+	dst := tensor.Strides(kept)
 	for d := range dst {
 		if sel[d] {
 			dst[d] = 0

@@ -50,7 +50,7 @@ func transpose(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor,
 	if len(perm) != len(x.Shape) {
 		return nil, fmt.Errorf("perm %v has %d entries for rank %d", perm, len(perm), len(x.Shape))
 	}
-	src := rowStrides(x.Shape)
+	src := tensor.Strides(x.Shape)
 	shape, stride := make([]int, len(perm)), make([]int, len(perm))
 	seen := make([]bool, len(perm))
 	for i, p := range perm {
@@ -84,7 +84,7 @@ func slice(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, err
 	if step < 1 || start < 0 || end > x.Shape[ax] || start > end {
 		return nil, fmt.Errorf("slice [%d:%d:%d] out of range for axis %d of size %d", start, end, step, ax, x.Shape[ax])
 	}
-	shape, stride := slices.Clone(x.Shape), rowStrides(x.Shape)
+	shape, stride := slices.Clone(x.Shape), tensor.Strides(x.Shape)
 	shape[ax] = 0
 	if end > start {
 		shape[ax] = (end-start-1)/step + 1 // no overflow for a huge step
@@ -129,7 +129,7 @@ func concat(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 		return nil, err
 	}
 	res := tensor.New(o.DType, shape...)
-	stride := rowStrides(shape)
+	stride := tensor.Strides(shape)
 	at := 0
 	for _, t := range in {
 		scatter(res, t, stride, at*stride[ax])
@@ -160,7 +160,7 @@ func split(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, err
 	if total != x.Shape[ax] {
 		return nil, fmt.Errorf("split sizes %v do not add up to axis %d of %v", sizes, ax, x.Shape)
 	}
-	stride := rowStrides(x.Shape)
+	stride := tensor.Strides(x.Shape)
 	res := make([]*tensor.Tensor, len(sizes))
 	at := 0
 	for i, s := range sizes {

@@ -51,17 +51,6 @@ func checkShape(got []int, o Out) error {
 	return nil
 }
 
-// rowStrides returns the row-major strides of shape.
-func rowStrides(shape []int) []int {
-	st := make([]int, len(shape))
-	s := 1
-	for i := len(shape) - 1; i >= 0; i-- {
-		st[i] = s
-		s *= shape[i]
-	}
-	return st
-}
-
 // broadcastShapes combines concrete shapes with NumPy rules (aligned at the right, equal or 1).
 func broadcastShapes(shapes ...[]int) ([]int, error) {
 	rank := 0
@@ -93,7 +82,7 @@ func broadcastStrides(in, out []int) ([]int, error) {
 	if len(in) > len(out) {
 		return nil, fmt.Errorf("cannot broadcast %v to %v", in, out)
 	}
-	src := rowStrides(in)
+	src := tensor.Strides(in)
 	st := make([]int, len(out))
 	off := len(out) - len(in)
 	for i, d := range in {

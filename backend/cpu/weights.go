@@ -42,7 +42,7 @@ func (m MapWeights) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tenso
 		return nil, fmt.Errorf("weight %q: slice %d of %d along dimension %d does not fit shape %v", ref.Key, index, count, dim, t.Shape)
 	}
 	part := t.Shape[dim] / count
-	stride := rowStrides(t.Shape)
+	stride := tensor.Strides(t.Shape)
 	shape := ref.LocalShape()
 	return gather(t, shape, stride, index*part*stride[dim]), nil
 }

@@ -164,7 +164,7 @@ func copyBox(dst *tensor.Tensor, dstStart []int, src *tensor.Tensor, srcStart []
 		m--
 	}
 	run := tensor.Numel(box[m:])
-	sStride, dStride := strides(src.Shape), strides(dst.Shape)
+	sStride, dStride := tensor.Strides(src.Shape), tensor.Strides(dst.Shape)
 	idx := make([]int, m) // odometer over the axes before m
 	for {
 		sOff, dOff := 0, 0
@@ -189,17 +189,6 @@ func copyBox(dst *tensor.Tensor, dstStart []int, src *tensor.Tensor, srcStart []
 			return
 		}
 	}
-}
-
-// strides gives row-major element strides.
-func strides(shape []int) []int {
-	s := make([]int, len(shape))
-	n := 1
-	for i := len(shape) - 1; i >= 0; i-- {
-		s[i] = n
-		n *= shape[i]
-	}
-	return s
 }
 
 // sameStorage reports whether two tensors share their first element.
