@@ -15,12 +15,12 @@ import (
 
 // A custom "one-shot" all-reduce for small messages over NVLink, through CUDA peer access
 // (GPUs of one process) or CUDA IPC (GPUs of several processes), like vLLM's and
-// TensorRT-LLM's custom all-reduce: every rank copies its input into a buffer that all
-// ranks map, the ranks meet at a barrier of flags written into each other's memory, then
-// every rank reads every rank's buffer and reduces, in rank order, so that all ranks get
-// bit-identical results. One kernel, no host synchronisation, nothing allocated per call: it
-// can be captured in a CUDA graph and replayed. kernels/allreduce.cu gives the protocol and
-// why it is safe.
+// TensorRT-LLM's custom all-reduce: every rank writes its input into a buffer of every rank
+// (all ranks map each other's), whose elements read as empty until written, then every rank
+// waits for the values in its own buffer and reduces them, in rank order, so that all ranks
+// get bit-identical results. One kernel, one crossing of NVLink, no flags, no host
+// synchronisation, nothing allocated per call: it can be captured in a CUDA graph and
+// replayed. kernels/allreduce.cu gives the protocol and why it is safe.
 //
 // Every rank must make the same calls in the same order with the same sizes (as with any
 // collective); a rank that never comes makes the others wait PeerTimeout, after which the
@@ -29,18 +29,18 @@ import (
 // PeerMaxRanks is the most ranks a peer group may have.
 const PeerMaxRanks = 8
 
-// PeerTimeout is how long a kernel waits for a peer before it gives up and marks the group
+// PeerTimeout is how long a kernel waits for a peer's values before it gives up and marks the group
 // broken (see PeerRank.Check).
 const PeerTimeout = 30 * time.Second
 
 // Layout of each rank's peer allocation (kernels/allreduce.cu describes the use).
 const (
-	peerMaxBlocks  = 256                                // flags per rank: one row per block
-	peerSigOffset  = 256                                // ctl words before it
-	peerSigBytes   = peerMaxBlocks * PeerMaxRanks * 8   // u64 flags [peerMaxBlocks][PeerMaxRanks]
-	peerDataOffset = 32 << 10                           // the two data halves
-	peerArgsBytes  = 2*PeerMaxRanks*8 + 8 + 8 + 8 + 4*2 // struct PeerArgs
-	peerThreads    = 512                                // threads per block of the plain all-reduce, at most
+	peerMaxBlocks  = 256                              // blocks of one call, at most (a counter each)
+	peerDataOffset = 4096                             // ctl words before the buffers
+	peerBuffers    = 3                                // buffers of nranks slots each
+	peerEmpty      = 0xffffffff                       // what an empty slot holds, per 32 bits
+	peerArgsBytes  = PeerMaxRanks*8 + 8 + 8 + 8 + 4*2 // struct PeerArgs
+	peerThreads    = 512                              // threads per block of the plain all-reduce, at most
 )
 
 // peerKernels are the kernels of allreduce.cu, compiled when a rank is set up so that no call
@@ -50,7 +50,7 @@ var peerKernels = func() []string {
 	for _, x := range []string{"f32", "bf16"} {
 		for _, r := range []string{"f32", "bf16"} {
 			for _, w := range []string{"f32", "bf16"} {
-				ks = append(ks, "ar_add_rmsnorm_"+x+"_"+r+"_"+w)
+				ks = append(ks, "ar_add_rmsnorm_"+x+"_"+r+"_"+w, "ar_add_rmsnorm_"+x+"_"+r+"_"+w+"_vec")
 			}
 		}
 	}
@@ -71,7 +71,7 @@ type PeerRank struct {
 	rank     int
 	size     int
 	maxBytes int
-	half     uint64             // bytes of one data half
+	slot     uint64             // bytes of one slot: one rank's values of one call
 	own      cubind.DevicePtr   // this rank's allocation
 	bases    []cubind.DevicePtr // every rank's allocation as this rank's GPU addresses it
 	opened   []cubind.DevicePtr // IPC mappings of the other ranks' allocations, to close
@@ -81,13 +81,16 @@ type PeerRank struct {
 	exchange Exchange           // for a rank of NewPeerRankIPC: the barrier of Close
 }
 
-// peerHalf is the size of one data half for messages of up to maxBytes.
-func peerHalf(maxBytes int) uint64 { return (uint64(maxBytes) + 255) &^ 255 }
+// peerSlot is the size of one slot for messages of up to maxBytes.
+func peerSlot(maxBytes int) uint64 { return (uint64(maxBytes) + 255) &^ 255 }
+
+// peerDataBytes is the size of a rank's buffers: three of size slots.
+func (r *PeerRank) peerDataBytes() uint64 { return peerBuffers * uint64(r.size) * r.slot }
 
 // NewPeerGroup makes devs (distinct GPUs of this process, at most PeerMaxRanks) a peer group
 // for messages of up to maxBytes bytes: rank i is devs[i]. It enables peer access between
 // every pair of GPUs, failing with an error naming the pair that cannot reach each other, and
-// allocates on each GPU 2*maxBytes (rounded up to 256) plus 16 KiB.
+// allocates on each GPU 3*len(devs)*maxBytes (maxBytes rounded up to 256) plus 4 KiB.
 func NewPeerGroup(devs []*Device, maxBytes int) (*PeerGroup, error) {
 	if len(devs) == 0 || len(devs) > PeerMaxRanks {
 		return nil, fmt.Errorf("cuda: peer group: %d devices; want 1 to %d", len(devs), PeerMaxRanks)
@@ -123,10 +126,10 @@ func NewPeerGroup(devs []*Device, maxBytes int) (*PeerGroup, error) {
 		}
 	}
 	g := &PeerGroup{}
-	half := peerHalf(maxBytes)
+	slot := peerSlot(maxBytes)
 	bases := make([]cubind.DevicePtr, len(devs))
 	for i, d := range devs {
-		r := &PeerRank{dev: d, rank: i, size: len(devs), maxBytes: maxBytes, half: half, group: g}
+		r := &PeerRank{dev: d, rank: i, size: len(devs), maxBytes: maxBytes, slot: slot, group: g}
 		g.ranks = append(g.ranks, r)
 		if err := r.setup(); err != nil {
 			g.Close()
@@ -136,13 +139,13 @@ func NewPeerGroup(devs []*Device, maxBytes int) (*PeerGroup, error) {
 	}
 	for _, r := range g.ranks {
 		r.bases = bases
-		r.params = peerParams(bases, half, r.rank, PeerTimeout)
+		r.params = peerParams(bases, slot, r.rank, PeerTimeout)
 	}
 	return g, nil
 }
 
-// setup compiles the kernels, allocates the rank's buffer, zeroes its flags and waits for
-// that.
+// setup compiles the kernels, allocates the rank's memory, zeroes its control words, marks
+// its buffers empty and waits for that.
 func (r *PeerRank) setup() error {
 	d := r.dev
 	return d.do(func() error {
@@ -151,12 +154,15 @@ func (r *PeerRank) setup() error {
 				return err
 			}
 		}
-		p, err := cubind.MemAlloc(peerDataOffset + 2*r.half)
+		p, err := cubind.MemAlloc(peerDataOffset + r.peerDataBytes())
 		if err != nil {
 			return err
 		}
 		r.own = p
 		if err := cubind.MemsetD8Async(p, 0, peerDataOffset, d.stream); err != nil {
+			return err
+		}
+		if err := cubind.MemsetD32Async(p+peerDataOffset, peerEmpty, r.peerDataBytes()/4, d.stream); err != nil {
 			return err
 		}
 		return d.stream.Synchronize()
@@ -165,7 +171,7 @@ func (r *PeerRank) setup() error {
 
 // peerParams encodes struct PeerArgs for rank, given every rank's allocation as the rank's
 // GPU addresses it.
-func peerParams(bases []cubind.DevicePtr, half uint64, rank int, timeout time.Duration) []byte {
+func peerParams(bases []cubind.DevicePtr, slot uint64, rank int, timeout time.Duration) []byte {
 	b := make([]byte, 0, peerArgsBytes)
 	for i := range PeerMaxRanks {
 		var p uint64
@@ -174,15 +180,8 @@ func peerParams(bases []cubind.DevicePtr, half uint64, rank int, timeout time.Du
 		}
 		b = binary.LittleEndian.AppendUint64(b, p)
 	}
-	for i := range PeerMaxRanks {
-		var p uint64
-		if i < len(bases) {
-			p = uint64(bases[i]) + peerSigOffset
-		}
-		b = binary.LittleEndian.AppendUint64(b, p)
-	}
 	b = binary.LittleEndian.AppendUint64(b, uint64(bases[rank]))
-	b = binary.LittleEndian.AppendUint64(b, half)
+	b = binary.LittleEndian.AppendUint64(b, slot)
 	b = binary.LittleEndian.AppendUint64(b, uint64(timeout.Nanoseconds()))
 	b = binary.LittleEndian.AppendUint32(b, uint32(rank))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(bases)))
@@ -293,7 +292,7 @@ func NewPeerRankIPC(ctx context.Context, d *Device, rank, size, maxBytes int, ex
 	if maxBytes <= 0 {
 		return nil, fmt.Errorf("cuda: peer rank %d: maxBytes %d; want > 0", rank, maxBytes)
 	}
-	r := &PeerRank{dev: d, rank: rank, size: size, maxBytes: maxBytes, half: peerHalf(maxBytes), exchange: exchange}
+	r := &PeerRank{dev: d, rank: rank, size: size, maxBytes: maxBytes, slot: peerSlot(maxBytes), exchange: exchange}
 	fail := func(err error) (*PeerRank, error) {
 		r.free()
 		return nil, fmt.Errorf("cuda: peer rank %d of %d (GPU %d): %w", rank, size, d.ordinal, err)
@@ -363,8 +362,8 @@ func NewPeerRankIPC(ctx context.Context, d *Device, rank, size, maxBytes int, ex
 		}
 	}
 	r.bases = bases
-	r.params = peerParams(bases, r.half, rank, PeerTimeout)
-	// Every rank has mapped every buffer (and zeroed its flags before the first exchange)
+	r.params = peerParams(bases, r.slot, rank, PeerTimeout)
+	// Every rank has mapped every buffer (and marked its own empty before the first exchange)
 	// before anyone returns.
 	if _, err := exchange(ctx, nil); err != nil {
 		return fail(fmt.Errorf("barrier after mapping: %w", err))
@@ -453,8 +452,8 @@ func (r *PeerRank) checkDev(ts ...*Tensor) error {
 	return nil
 }
 
-// blocks is the grid size for work of n units: at most one block per SM (the blocks must
-// all be resident together) and at most the flags' rows.
+// blocks is the grid size for work of n units: at most one block per SM (one wave: a block
+// that waits for peers' values holds its SM) and at most peerMaxBlocks.
 func (r *PeerRank) blocks(n int64) int {
 	return int(max(1, min(n, int64(r.dev.info.SMs), peerMaxBlocks)))
 }
@@ -567,7 +566,16 @@ func (r *PeerRank) allReduceAddRMSNorm(normed, sum, x, res, w *Tensor, eps float
 	}
 	name := "ar_add_rmsnorm_" + names[0] + "_" + names[1] + "_" + names[2]
 	grid := cubind.Dim3{X: r.blocks(int64(rows)), Y: 1, Z: 1}
-	err = r.dev.launch("allreduce.cu", name, grid, rowBlock(D), 0, func(a *cubind.Args) {
+	block := rowBlock(D)
+	// The vector form takes what add_rmsnorm's register form takes with one vector of 16
+	// bytes per thread, in the same threads, so that the two sum the squares alike.
+	wide := max(x.DType.Size(), res.DType.Size(), w.DType.Size())
+	if np, ok := planNorm(D, operand{x.ptr, x.DType}, operand{res.ptr, res.DType}, operand{w.ptr, w.DType},
+		operand{sum.ptr, sum.DType}, operand{normed.ptr, normed.DType}); ok && np.nv == 1 && np.vec*wide == 16 {
+		name += "_vec"
+		block = np.block()
+	}
+	err = r.dev.launch("allreduce.cu", name, grid, block, 0, func(a *cubind.Args) {
 		a.Ptr(normed.ptr).Ptr(sum.ptr).Ptr(x.ptr).Ptr(res.ptr).Ptr(w.ptr).I32(int32(rows)).I32(int32(D)).F32(eps).Struct(r.params)
 	})
 	if err != nil {

@@ -231,7 +231,7 @@ func TestPeerAllReduce(t *testing.T) {
 
 // TestPeerAllReduceRepeated makes 1000 calls back to back, cycling through sizes that give
 // different grids (so the call counter, not per-block state, must keep the ranks in step) and
-// through fresh inputs (so a stale buffer half shows), with an all_reduce_add_rmsnorm every
+// through fresh inputs (so a stale buffer shows), with an all_reduce_add_rmsnorm every
 // fifth call, and checks every result.
 func TestPeerAllReduceRepeated(t *testing.T) {
 	devs := peerDevs(t)
@@ -337,13 +337,14 @@ func TestPeerAllReduceAddRMSNorm(t *testing.T) {
 		{bf, bf, bf, 1, 4096, false},
 		{bf, bf, bf, 37, 1024, false},
 		{f32, f32, f32, 3, 1000, false},
-		{bf, f32, bf, 2, 1001, false},   // D not a multiple of the pack: element by element
+		{bf, f32, bf, 2, 1001, false},   // D not a multiple of the vector: the loop form
+		{bf, f32, bf, 3, 4096, false},   // vector form, x narrower than the vector: element by element
 		{f32, bf, f32, 300, 256, false}, // more rows than blocks
 		{bf, bf, f32, 1, 7, false},
 		{f32, f32, bf, 5, 4096, false},
 		{bf, bf, bf, 4, 2048, true},
 		{f32, f32, bf, 2, 3000, true},
-		{bf, bf, bf, 2, 10000, false}, // D > 8192: more than AR_E elements per thread
+		{bf, bf, bf, 2, 10000, false}, // two vectors per thread: the loop form
 		{f32, f32, f32, 20, 12288, true},
 	}
 	for ci, c := range cases {
@@ -494,7 +495,7 @@ func TestPeerTimeout(t *testing.T) {
 	devs := peerDevs(t)
 	g := peerGroup(t, devs, 4096)
 	r := g.Rank(0)
-	r.params = peerParams(r.bases, r.half, r.rank, 50*time.Millisecond)
+	r.params = peerParams(r.bases, r.slot, r.rank, 50*time.Millisecond)
 	xh := peerInput(1, 0, tensor.F32, 1000)
 	x := up(t, devs[0], xh)[0]
 	out := like(t, devs[0], xh)[0]
@@ -966,8 +967,8 @@ func TestPeerDesc(t *testing.T) {
 		}
 	}
 	args := peerParams([]cubind.DevicePtr{0x1000000, 0x2000000}, 512, 1, time.Second)
-	if len(args) != peerArgsBytes || peerArgsBytes != 160 {
-		t.Fatalf("PeerArgs is %d bytes (const %d), want 160", len(args), peerArgsBytes)
+	if len(args) != peerArgsBytes || peerArgsBytes != 96 {
+		t.Fatalf("PeerArgs is %d bytes (const %d), want 96", len(args), peerArgsBytes)
 	}
 	le := binary.LittleEndian
 	for _, f := range []struct {
@@ -977,18 +978,14 @@ func TestPeerDesc(t *testing.T) {
 	}{
 		{"data[1]", 8, le.Uint64(args[8:]), 0x2000000 + peerDataOffset},
 		{"data[2]", 16, le.Uint64(args[16:]), 0},
-		{"sig[0]", 64, le.Uint64(args[64:]), 0x1000000 + peerSigOffset},
-		{"ctl", 128, le.Uint64(args[128:]), 0x2000000},
-		{"half", 136, le.Uint64(args[136:]), 512},
-		{"timeout_ns", 144, le.Uint64(args[144:]), 1e9},
-		{"rank", 152, uint64(le.Uint32(args[152:])), 1},
-		{"nranks", 156, uint64(le.Uint32(args[156:])), 2},
+		{"ctl", 64, le.Uint64(args[64:]), 0x2000000},
+		{"slot", 72, le.Uint64(args[72:]), 512},
+		{"timeout_ns", 80, le.Uint64(args[80:]), 1e9},
+		{"rank", 88, uint64(le.Uint32(args[88:])), 1},
+		{"nranks", 92, uint64(le.Uint32(args[92:])), 2},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s at %d = %#x, want %#x", f.name, f.off, f.got, f.want)
 		}
-	}
-	if peerSigOffset+peerSigBytes > peerDataOffset {
-		t.Errorf("flags [%d, %d) overlap the data at %d", peerSigOffset, peerSigOffset+peerSigBytes, peerDataOffset)
 	}
 }

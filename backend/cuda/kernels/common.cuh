@@ -93,6 +93,23 @@ __device__ __forceinline__ double block_sum_d(double v) {
   return v;
 }
 
+// block_sum_d1 is block_sum_d for a kernel that calls it once: one barrier. Every warp sums
+// the warps' partials in the same order, so every thread gets the same value.
+__device__ __forceinline__ double block_sum_d1(double v) {
+  __shared__ double partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum_d(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  return warp_sum_d(lane < warps ? partial[lane] : 0.0);
+}
+
+// rms_inv is rsqrt(mean + eps) of a row's sum of squares as the loop kernels compute it.
+__device__ __forceinline__ float rms_inv(double ss, int D, float eps) {
+  const float mean = (float)(ss / (double)D);
+  return (float)(1.0 / sqrt((double)(mean + eps)));
+}
+
 // Strided describes a copy over up to 6 dimensions: element i of the iteration space dims
 // (row-major) goes from src[src_off + sum(idx*ss)] to dst[dst_off + sum(idx*ds)].
 #define MAX_RANK 6
