@@ -730,9 +730,16 @@ func TestPagedDecodeTimings(t *testing.T) {
 	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
 		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
 	}
-	const H, KV, D, BS = 32, 8, 128, 16
+	const D, BS = 128, 16
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, tc := range []struct{ N, ctx int }{{64, 140}, {1, 140}, {16, 140}, {64, 1024}, {4, 1024}, {1, 1024}, {1, 8192}} {
+	var cases []struct{ H, KV, N, ctx int }
+	for _, hk := range [][2]int{{32, 8}, {16, 4}} { // Llama-3.1-8B on one GPU and per GPU at tp=2
+		for _, nc := range [][2]int{{64, 140}, {1, 140}, {4, 140}, {16, 140}, {64, 1024}, {16, 1024}, {4, 1024}, {1, 1024}, {1, 2048}, {1, 8192}} {
+			cases = append(cases, struct{ H, KV, N, ctx int }{hk[0], hk[1], nc[0], nc[1]})
+		}
+	}
+	for _, tc := range cases {
+		H, KV := tc.H, tc.KV
 		ctx, nw := make([]int, tc.N), make([]int, tc.N)
 		for i := range ctx {
 			ctx[i], nw[i] = tc.ctx, 1
@@ -748,8 +755,8 @@ func TestPagedDecodeTimings(t *testing.T) {
 		ws := pagedWorkspace(t, d, in)
 		p := planDecode(H, KV, l.S, D, l.M, BS, 2)
 		el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0, false) })
-		kv := float64(tc.N) * float64(tc.ctx+1) * KV * D * 2 * 2
-		t.Logf("paged decode N%-3d ctx %-5d M%-4d %2d warps %2d splits: %7.1f µs, %5.0f GB/s of K/V", tc.N, tc.ctx, l.M, p.warps, p.splits,
+		kv := float64(tc.N) * float64(tc.ctx+1) * float64(KV) * D * 2 * 2
+		t.Logf("paged decode H%d KV%d N%-3d ctx %-5d M%-4d %2d warps %2d splits: %7.1f µs, %5.0f GB/s of K/V", H, KV, tc.N, tc.ctx, l.M, p.warps, p.splits,
 			float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
 	}
 }
