@@ -42,10 +42,13 @@ func init() {
 // call allocates nothing and never waits for the device, and its launches depend only on
 // the shapes, so it can be captured in a CUDA graph.
 //
-// When S <= N (decoding: one new token per sequence) a split-KV kernel reads each token's
-// context in parallel splits and a second kernel merges them; otherwise a tiled kernel serves
-// several tokens and all query heads of a KV head per block. Either is correct for any
-// layout of tokens; the choice is only about speed.
+// When S <= N (decoding: one new token per sequence) a split-KV kernel writes the step's
+// keys and values into the caches itself, reads each token's context in parallel splits
+// and, when there are several, a second kernel merges them; otherwise a cache-write kernel
+// runs first and a tiled kernel serves several tokens and all query heads of a KV head per
+// block. Either is correct for any layout of tokens (the decode kernel relies on each
+// slot_mapping entry being the slot block_tables gives for the token's sequence and
+// position, as the engine lays them out); the choice is only about speed.
 //
 // Indices are checked on the device: a slot_mapping entry outside the cache's NB*BS slots, a
 // token_seq entry outside block_tables' N rows, a position that is negative or at or past
@@ -73,14 +76,25 @@ const decodeTargetWarps = 16 * 132
 // maxDecodeSplits bounds the splits of one token's context.
 const maxDecodeSplits = 64
 
-// Warps per block of the decode kernel: 4 by default, up to 16 (DEC_MAX_WARPS in
-// paged.cu) when the GPU has room; decodeMaxShared bounds the shared memory of a block
-// with more than 4 warps.
+// decodeSplitWarps bounds the warps of all blocks when the context splits.
+const decodeSplitWarps = 1024
+
+// Warps per block of the decode kernel: 4, 8 or 16 (DEC_MAX_WARPS in paged.cu);
+// decodeMaxShared bounds the shared memory of a block with more than 4 warps.
 const (
 	decodeMinWarps  = 4
 	decodeMaxWarps  = 16
 	decodeMaxShared = 48 << 10
 )
+
+// decodeFusedWrite has the decode kernel write the step's keys and values into the caches
+// itself (see paged_decode in paged.cu) instead of a paged_write launch before it. A
+// variable so that tests can time and check both.
+var decodeFusedWrite = true
+
+// decodeForce, when its warps are set (tests only), replaces the warps and splits of every
+// decode plan (splits at most M).
+var decodeForce struct{ warps, splits int }
 
 // decodePlan is the launch configuration of the decode kernel, from shapes only.
 type decodePlan struct {
@@ -117,12 +131,15 @@ func vecElems(D, esize int) int {
 // A lane holds GP*VEC*CPL query and accumulator elements, at most 32 of each (registers):
 // vectors are narrowed (more lanes per row) and then head groups split until they fit.
 // Each warp step covers (32/LPR)*U positions. The context of a token is at most M*BS
-// positions (the block tables' width bounds it: the plan depends on shapes only); the
-// warps per block double from 4 up to 16 while the GPU has room for them (decodeTargetWarps)
-// and each warp keeps at least one step of that bound. Only when even then a warp would
-// run more than 4 steps and the GPU has room for twice the warps does the context split
-// (blocks of 4 warps, each split at least one table block and two steps per warp), which
-// costs a second kernel (paged_combine) and the workspace.
+// positions (the block tables' width bounds it: the plan depends on shapes only). Blocks
+// have 8 warps when the GPU has room for them (decodeTargetWarps) and each gets a step of
+// that bound, else 4. The context splits (a power of two, at most one table block each)
+// while the splits' warps stay within decodeSplitWarps and each warp keeps two steps of
+// the bound, or one while that makes at most 4 splits: an H200 run of
+// TestPagedDecodeTimings (LOOM_PAGED_SWEEP=1) found these the fastest for 1 to 16
+// sequences, where a step of latency, not bandwidth, is what a warp costs; splitting
+// costs a second kernel (paged_combine) and the workspace. A block that does not split
+// takes 16 warps when the GPU has room and each warp gets 4 steps of the bound.
 func planDecode(H, KV, S, D, M, BS, esize int) decodePlan {
 	var p decodePlan
 	G := H / KV
@@ -156,15 +173,22 @@ func planDecode(H, KV, S, D, M, BS, esize int) decodePlan {
 	pairs := max(S*KV*p.hgroups, 1)
 	keys := M * BS
 	p.warps = decodeMinWarps
-	for p.warps < decodeMaxWarps && pairs*p.warps*2 <= decodeTargetWarps && keys >= 2*p.warps*step &&
-		p.sharedFor(2*p.warps, D, M) <= decodeMaxShared {
-		p.warps *= 2
+	if pairs*8 <= decodeTargetWarps && keys >= 8*step && p.sharedFor(8, D, M) <= decodeMaxShared {
+		p.warps = 8
 	}
 	p.splits = 1
-	if keys > p.warps*4*step && pairs*p.warps*2 <= decodeTargetWarps {
-		p.warps = decodeMinWarps
-		p.splits = min(maxDecodeSplits, decodeTargetWarps/(pairs*p.warps), keys/(p.warps*2*step), M)
-		p.splits = max(p.splits, 1)
+	lim := min(maxDecodeSplits, M, max(1, decodeSplitWarps/(pairs*p.warps)))
+	steps := keys / (p.warps * step) // the splits at which each warp has one step of the bound
+	want := min(lim, max(steps/2, min(4, steps)))
+	for p.splits*2 <= want {
+		p.splits *= 2
+	}
+	if p.splits == 1 && pairs*decodeMaxWarps <= decodeTargetWarps && keys >= 4*decodeMaxWarps*step &&
+		p.sharedFor(decodeMaxWarps, D, M) <= decodeMaxShared {
+		p.warps = decodeMaxWarps
+	}
+	if decodeForce.warps > 0 {
+		p.warps, p.splits = decodeForce.warps, max(1, min(decodeForce.splits, M))
 	}
 	p.maxb = (M + p.splits - 1) / p.splits
 	p.shared = p.sharedFor(p.warps, D, p.maxb)
@@ -292,22 +316,26 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 	}
 	X, C := strings.ToUpper(xn), strings.ToUpper(cn)
 	fail := func(err error) error { return fmt.Errorf("cuda: paged_attention: %w", err) }
-	wvec := writeVec(D, operand{k.ptr, k.DType}, operand{v.ptr, v.DType}, operand{kc.ptr, kc.DType}, operand{vc.ptr, vc.DType})
-	wblock := cubind.Dim3{X: min(1024, max(32, (KV*D/wvec+31)/32*32)), Y: 1, Z: 1}
-	err = d.launchX("paged.cu", fmt.Sprintf("PAGED_WRITE(%s, %s, %s, %s)", X, xn, C, cn), "paged_write_"+xn+"_"+cn,
-		cubind.Dim3{X: S, Y: 1, Z: 1}, wblock, 0, func(a *cubind.Args) {
-			a.Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots)).I32(int32(KV)).I32(int32(S)).
-				I32(int32(D)).I64(int64(NB) * int64(BS)).I32(int32(wvec)).Ptr(d.errWord)
-		})
-	if err != nil {
-		return fail(err)
+	decode := S <= N
+	fused := decode && decodeFusedWrite
+	if !fused {
+		wvec := writeVec(D, operand{k.ptr, k.DType}, operand{v.ptr, v.DType}, operand{kc.ptr, kc.DType}, operand{vc.ptr, vc.DType})
+		wblock := cubind.Dim3{X: min(1024, max(32, (KV*D/wvec+31)/32*32)), Y: 1, Z: 1}
+		err = d.launchX("paged.cu", fmt.Sprintf("PAGED_WRITE(%s, %s, %s, %s)", X, xn, C, cn), "paged_write_"+xn+"_"+cn,
+			cubind.Dim3{X: S, Y: 1, Z: 1}, wblock, 0, func(a *cubind.Args) {
+				a.Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots)).I32(int32(KV)).I32(int32(S)).
+					I32(int32(D)).I64(int64(NB) * int64(BS)).I32(int32(wvec)).Ptr(d.errWord)
+			})
+		if err != nil {
+			return fail(err)
+		}
 	}
 	idx := func(a *cubind.Args) {
 		a.Ptr(pos.ptr).I32(is64(pos)).Ptr(seqs.ptr).I32(is64(seqs)).Ptr(tables.ptr).I32(is64(tables)).
 			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(D)).I32(int32(NB)).I32(int32(BS)).I32(int32(N)).I32(int32(M)).
 			F32(scale).I32(int32(window))
 	}
-	if S <= N {
+	if decode {
 		p := planDecode(H, KV, S, D, M, BS, kc.DType.Size())
 		need := p.workspace(H, S, D)
 		var part cubind.DevicePtr
@@ -319,9 +347,13 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		}
 		inst, name := decodeKernel(xn, cn, p)
 		err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: p.warps * 32, Y: 1, Z: 1}, p.shared, func(a *cubind.Args) {
-			a.Ptr(out.ptr).Ptr(part).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr)
+			fw := int32(0)
+			if fused {
+				fw = 1
+			}
+			a.Ptr(out.ptr).Ptr(part).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots))
 			idx(a)
-			a.I32(int32(p.maxb)).Ptr(d.errWord).I32(tm)
+			a.I32(int32(p.maxb)).I32(fw).Ptr(d.errWord).I32(tm)
 		})
 		if err != nil {
 			return fail(err)

@@ -357,10 +357,11 @@ func TestPagedAttentionWorkspace(t *testing.T) {
 		H, KV, S, D, N, M int
 		splits            int
 	}{
-		{32, 8, 1, 128, 1, 512, maxDecodeSplits}, // long context, one sequence: the most splits
-		{32, 8, 1, 128, 1, 8, 1},                 // short context: 16 warps, no split
-		{32, 8, 256, 128, 256, 64, 1},            // a full batch: no split
-		{32, 8, 100, 128, 4, 64, 0},              // prefill: no workspace
+		{32, 8, 1, 128, 1, 512, 16},   // long context, one sequence: 16 splits of 8 warps
+		{32, 8, 1, 128, 1, 8, 4},      // short context: 4 splits of 8 warps (the f32 cache's plan)
+		{32, 8, 16, 128, 16, 8, 1},    // 16 short contexts: no split
+		{32, 8, 256, 128, 256, 64, 1}, // a full batch: no split
+		{32, 8, 100, 128, 4, 64, 0},   // prefill: no workspace
 	} {
 		got := PagedAttentionWorkspace(shapes(tc.H, tc.KV, tc.S, tc.D, tc.N, tc.M))
 		want := int64(0)
@@ -752,12 +753,102 @@ func TestPagedDecodeTimings(t *testing.T) {
 		kc := randTensor(rng, bf, []int{l.NB, BS, KV, D}, -2, 2)
 		in := up(t, d, q, k, k, l.pos, kc, kc, l.slots, l.seqs, l.tables)
 		out := like(t, d, q)[0]
-		ws := pagedWorkspace(t, d, in)
-		p := planDecode(H, KV, l.S, D, l.M, BS, 2)
-		el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0, false) })
 		kv := float64(tc.N) * float64(tc.ctx+1) * float64(KV) * D * 2 * 2
-		t.Logf("paged decode H%d KV%d N%-3d ctx %-5d M%-4d %2d warps %2d splits: %7.1f µs, %5.0f GB/s of K/V", H, KV, tc.N, tc.ctx, l.M, p.warps, p.splits,
-			float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
+		time1 := func(what string) float64 {
+			ws := pagedWorkspace(t, d, in)
+			p := planDecode(H, KV, l.S, D, l.M, BS, 2)
+			el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0, false) })
+			t.Logf("paged decode H%d KV%d N%-3d ctx %-5d M%-4d %2d warps %2d splits %-9s: %7.1f µs, %5.0f GB/s of K/V", H, KV, tc.N, tc.ctx, l.M, p.warps, p.splits,
+				what, float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
+			return el.Seconds()
+		}
+		time1("")
+		decodeFusedWrite = false
+		time1("unfused")
+		decodeFusedWrite = true
+		if os.Getenv("LOOM_PAGED_SWEEP") == "1" {
+			best, bw, bs := math.Inf(1), 0, 0
+			for _, w := range []int{1, 2, 4, 8, 16} {
+				for _, sp := range []int{1, 2, 4, 8, 16, 32, 64} {
+					if sp > l.M || sp > 1 && sp/2 >= l.M {
+						continue
+					}
+					decodeForce.warps, decodeForce.splits = w, sp
+					if planDecode(H, KV, l.S, D, l.M, BS, 2).shared > decodeMaxShared {
+						continue
+					}
+					if el := time1("sweep"); el < best {
+						best, bw, bs = el, w, sp
+					}
+				}
+			}
+			decodeForce.warps, decodeForce.splits = 0, 0
+			t.Logf("paged decode H%d KV%d N%-3d ctx %-5d best: %2d warps %2d splits %7.1f µs", H, KV, tc.N, tc.ctx, bw, bs, best*1e6)
+		}
+	}
+}
+
+// A decode step (S <= N) may hold several tokens of one sequence: each sees the keys and
+// values the others of its sequence write in the same step (the fused write takes them
+// from k and v), with and without the fused write, with splits, windows and block size 1.
+func TestPagedDecodeSharedSequences(t *testing.T) {
+	var cases []pagedCase
+	for _, fused := range []bool{true, false} {
+		for i, tc := range []struct {
+			ctx, nw    []int
+			bs, window int
+			inter      bool
+		}{
+			{[]int{30, 50, 7, 100}, []int{2, 0, 1, 0}, 16, 0, false},
+			{[]int{600, 3, 0, 40, 9, 9}, []int{3, 1, 0, 0, 1, 0}, 16, 0, true},
+			{[]int{20, 1, 5, 5}, []int{3, 0, 0, 0}, 1, 2, false},
+			{[]int{900, 64, 0, 0, 0}, []int{2, 2, 0, 0, 0}, 16, 300, true},
+		} {
+			cases = append(cases, pagedCase{
+				name: fmt.Sprintf("shared sequences %d fused %v", i, fused), ctx: tc.ctx, nw: tc.nw, bs: tc.bs, KV: 2, G: 4, D: 128,
+				window: tc.window, dt: tensor.BF16, cdt: tensor.BF16, idt: tensor.I32, pad: -1, inter: tc.inter,
+			})
+		}
+	}
+	d := gpu(t)
+	var extras []string
+	for _, c := range cases {
+		extras = append(extras, c.kernels()...)
+	}
+	precompile(t, d, "paged.cu", extras)
+	defer func() { decodeFusedWrite = true }()
+	rng := rand.New(rand.NewPCG(51, 53))
+	for _, c := range cases {
+		decodeFusedWrite = strings.HasSuffix(c.name, "true")
+		c.run(t, d, rng)
+	}
+}
+
+// The decode kernel is correct under any launch geometry (warps 1 to 16, 1 to 64 splits),
+// which depends on the shapes only: the cases run with every plan forced.
+func TestPagedDecodeForcedPlansMatchCPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 67))
+	cases := []pagedCase{
+		{name: "N1 long", ctx: []int{1500}, nw: []int{1}, bs: 16, KV: 8, G: 4, D: 128, dt: tensor.BF16, cdt: tensor.BF16, idt: tensor.I32, pad: -1},
+		{name: "N5 mixed, window", ctx: []int{0, 17, 300, 64, 129}, nw: []int{1, 1, 1, 1, 1}, bs: 16, KV: 4, G: 4, D: 128, window: 70, dt: tensor.BF16, cdt: tensor.BF16, idt: tensor.I32, pad: -1},
+		{name: "N3 G8 f32 D64", ctx: []int{40, 200, 90}, nw: []int{1, 1, 1}, bs: 16, KV: 2, G: 8, D: 64, dt: tensor.F32, cdt: tensor.F32, idt: tensor.I64, pad: -1},
+		{name: "N2 shared sequence", ctx: []int{100, 0, 7}, nw: []int{2, 0, 1}, bs: 8, KV: 2, G: 2, D: 128, dt: tensor.BF16, cdt: tensor.BF16, idt: tensor.I32, pad: -1},
+	}
+	d := gpu(t)
+	var extras []string
+	for _, c := range cases {
+		extras = append(extras, c.kernels()...)
+	}
+	precompile(t, d, "paged.cu", extras)
+	defer func() { decodeForce.warps, decodeForce.splits = 0, 0 }()
+	for _, w := range []int{1, 2, 4, 8, 16} {
+		for _, sp := range []int{1, 3, 16, 64} {
+			decodeForce.warps, decodeForce.splits = w, sp
+			for _, c := range cases {
+				c.name = fmt.Sprintf("%s, %d warps %d splits", c.name, w, sp)
+				c.run(t, d, rng)
+			}
+		}
 	}
 }
 

@@ -378,8 +378,8 @@ func TestPlanNorm(t *testing.T) {
 }
 
 // planDecode keeps a lane's query and accumulator elements within 32, picks 4 to 16 warps
-// and splits from the shapes (splits only with 4 warps, enough warps for the GPU and a
-// long context bound), never more shared memory than a block may have, and a workspace
+// and splits from the shapes (splits only with 4 or 8 warps, within decodeSplitWarps and
+// a step of the context bound per warp), never more shared memory than a block may have, and a workspace
 // that PagedAttentionWorkspace covers for either cache dtype. The kernel's instantiation
 // depends on the heads, the head size and the cache dtype only.
 func TestPlanDecode(t *testing.T) {
@@ -388,16 +388,18 @@ func TestPlanDecode(t *testing.T) {
 		warps, splits      int
 	}{
 		{32, 8, 64, 128, 16, 16, 4, 1},  // 64 sequences of ~140 tokens: one block each, no split
-		{32, 8, 1, 128, 16, 16, 16, 1},  // one sequence of ~140 tokens: 16 warps, no split
-		{32, 8, 1, 128, 512, 16, 4, 64}, // one sequence of up to 8192 tokens: the most splits
+		{32, 8, 1, 128, 16, 16, 8, 4},   // one sequence of ~140 tokens: a step per warp, 4 splits
+		{16, 4, 1, 128, 16, 16, 8, 4},   // the same at tp=2
+		{32, 8, 1, 128, 512, 16, 8, 16}, // one sequence of up to 8192 tokens: 1024 warps
 		{32, 8, 64, 128, 64, 16, 4, 1},  // 64 sequences of ~1024 tokens fill the GPU
-		{32, 8, 4, 128, 64, 16, 4, 16},  // 4 sequences of ~1024 tokens split
+		{32, 8, 4, 128, 64, 16, 8, 4},   // 4 sequences of ~1024 tokens split
 		{32, 8, 256, 128, 64, 16, 4, 1}, // a full batch
-		{32, 8, 16, 128, 16, 16, 16, 1}, // 16 short sequences: 128 blocks of 16 warps
+		{32, 8, 16, 128, 16, 16, 8, 1},  // 16 short sequences: 128 blocks of 8 warps
+		{32, 8, 16, 128, 64, 16, 16, 1}, // 16 sequences of ~1024 tokens: 16 warps
 		{32, 8, 32, 128, 16, 16, 8, 1},  // 32 short sequences: 8 warps
 		{12, 2, 3, 40, 34, 1, 4, 1},     // block size 1
-		{64, 8, 1, 128, 16, 16, 4, 8},   // 8 query heads per KV head
-		{8, 2, 1, 256, 44, 16, 4, 22},   // at least two steps of each warp per split
+		{64, 8, 1, 128, 16, 16, 8, 4},   // 8 query heads per KV head
+		{8, 2, 1, 256, 44, 16, 8, 8},    // at least two steps of each warp per split
 	} {
 		p := planDecode(tc.H, tc.KV, tc.S, tc.D, tc.M, tc.BS, 2)
 		if p.warps != tc.warps || p.splits != tc.splits {
@@ -419,7 +421,7 @@ func TestPlanDecode(t *testing.T) {
 			if p.gp*p.vec*p.cpl > 32 && p.gp > 1 || D%p.vec != 0 || p.lpr*p.vec*p.cpl < D || p.lpr > 32 {
 				t.Fatalf("%s: lanes do not fit the row", name)
 			}
-			if p.warps != 4 && p.warps != 8 && p.warps != 16 || p.splits < 1 || p.splits > maxDecodeSplits || p.splits > 1 && p.warps != 4 {
+			if p.warps != 4 && p.warps != 8 && p.warps != 16 || p.splits < 1 || p.splits > maxDecodeSplits || p.splits > 1 && p.warps > 8 {
 				t.Fatalf("%s: warps or splits out of range", name)
 			}
 			if p.maxb*p.splits < M || p.warps > 4 && p.shared > decodeMaxShared || p.shared != p.sharedFor(p.warps, D, p.maxb) {

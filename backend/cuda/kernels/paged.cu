@@ -14,10 +14,10 @@
 // Kernels (each launch's grid, block and shared memory depend on shapes only, so that calls
 // can be captured in CUDA graphs; lengths are read on the device):
 //   - paged_write: this step's k, v rows into their slots. One block per token, vector
-//     loads and stores.
+//     loads and stores. Prefill only: paged_decode does its work for decode steps (fw).
 //   - paged_decode: split-KV flash decoding. One block of 4 to 16 warps (the host picks
-//     them and the splits from the shapes: more warps, then splits, only while the GPU has
-//     room and the context bound M*BS gives each warp enough keys) per (split, KV head and
+//     them and the splits from the shapes: splits while the GPU has room and the context
+//     bound M*BS gives each warp enough keys) per (split, KV head and
 //     group of up to GP of its query heads, token); the split's blocks of the token's table
 //     row and the queries are staged in shared memory, keys and values are read straight
 //     from the cache with vector loads (LPR lanes share a row, VEC elements each, CPL
@@ -221,15 +221,28 @@ __device__ __forceinline__ void lds_vec(const float* p, float* o) {
 // for the online softmax: the step's maximum per head by shuffles, the correction and the
 // probabilities, which go back to the work area; every lane reads its group's
 // probabilities and the corrections to update its accumulators [GP][EPL] with the values.
-// The keys of the next step are loaded while the current one is scored and accumulated,
-// and the values of a step while its keys are scored.
+// The keys and values of the next step are loaded while the current one is scored and
+// accumulated.
+//
+// With fw (the fused cache write) the kernel also does paged_write's work for the step:
+// token t's own key and value (position hi) come straight from k and v (rounded to the
+// cache's dtype), warp 0 of split 0 folds them into its softmax state before its loop, and
+// the blocks of split 0 and head group 0 write them to the token's slot; the splits read
+// the cache for positions lo..hi-1 only. A position below hi that another token of the
+// step writes (several tokens of one sequence in a step, where S <= N still picks this
+// kernel) must not be read from the cache, which that token's block may not have written
+// yet: each block finds the lowest such position E, the splits stop before it, and warp 0
+// of split 0 takes E..hi-1 one at a time, each from the last token of the step that writes
+// it (from k and v) or else from the cache. This relies on slot_mapping naming the slot
+// block_tables gives for each token's (sequence, position), as the engine lays them out.
 template <class X, class C, class R, int VEC, int LPR, int CPL, int GP, int U>
 __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* part, const typename X::T* q,
-                                                  const typename C::T* kc, const typename C::T* vc,
-                                                  const void* pos, int p64, const void* seqs, int q64,
-                                                  const void* tables, int t64, int H, int KVH, int S, int D,
-                                                  int NB, int BS, int N, int M, float scale, int window, int maxb,
-                                                  int* err, int tm) {
+                                                  typename C::T* kc, typename C::T* vc,
+                                                  const typename X::T* kn, const typename X::T* vn,
+                                                  const void* slots, int s64, const void* pos, int p64,
+                                                  const void* seqs, int q64, const void* tables, int t64, int H,
+                                                  int KVH, int S, int D, int NB, int BS, int N, int M, float scale,
+                                                  int window, int maxb, int fw, int* err, int tm) {
   pdl_begin();
   constexpr int KPW = 32 / LPR;                     // keys per warp and unroll step
   constexpr int EPL = VEC * CPL;                    // elements of a row per lane
@@ -261,8 +274,25 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   const int nch = D / VEC;
   const bool reporter = sp == 0 && blockIdx.y == 0 && threadIdx.x == 0;
 
-  // The query first (to shared memory, which every warp reads): its loads overlap those
-  // of the indices.
+  // With fw, warp 0 of split 0 loads the token's own key and value (its lanes' elements,
+  // rounded to C), and in head group 0 the slot they go to; these loads, the query's (to
+  // shared memory, which every warp reads) and the indices' overlap.
+  const bool own = fw && sp == 0 && warp == 0;
+  float kown[EPL], vown[EPL];
+  i64 wslot = -1;
+  if (own) {
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      const int ch = c0 + c * LPR;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const i64 src = ((i64)g * S + t) * D + ch * VEC + e;
+        kown[c * VEC + e] = ch < nch ? C::round(X::load(kn, src)) : 0.0f;
+        vown[c * VEC + e] = ch < nch ? C::round(X::load(vn, src)) : 0.0f;
+      }
+    }
+    if (hg == 0) wslot = load_idx(slots, t, s64);
+  }
   for (int i = threadIdx.x; i < GP * Dp; i += blockDim.x) {
     const int j = i / Dp, d = i - j * Dp;
     sq[i] = (j < nh && d < D) ? X::load(q, ((i64)(h0 + j) * S + t) * D + d) : 0.0f;
@@ -280,9 +310,25 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   }
   i64 lo = 0;
   if (window > 0) lo = hi - window + 1 > 0 ? hi - window + 1 : 0;
-  int bstart = 0, bend = -1;  // the split's blocks of the table row
-  if (ok) {
-    const int blo = (int)(lo / BS), bhi = (int)(hi / BS);
+  // With fw, the lowest position in lo..hi-1 that another token of the step writes (per
+  // warp, then merged after the barrier).
+  __shared__ int sdup[DEC_MAX_WARPS];
+  if (fw) {
+    int e = 0x7fffffff;
+    if (ok) {
+      for (int i = threadIdx.x; i < S; i += blockDim.x) {
+        if (i == t) continue;
+        const i64 si = load_idx(seqs, i, q64), pi = load_idx(pos, i, p64);
+        if (si == seq && pi >= lo && pi < hi) e = min(e, (int)pi);
+      }
+    }
+    e = __reduce_min_sync(FULL_MASK, e);
+    if (lane == 0) sdup[warp] = e;
+  }
+  const i64 chi = fw ? hi - 1 : hi;  // the last position read from the cache
+  int bstart = 0, bend = -1;         // the split's blocks of the table row
+  if (ok && chi >= lo) {
+    const int blo = (int)(lo / BS), bhi = (int)(chi / BS);
     const int cb = (bhi - blo + 1 + splits - 1) / splits;
     bstart = blo + sp * cb;
     bend = min(bhi, bstart + cb - 1);
@@ -307,9 +353,74 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   float* scorr = swork + warp * WORK;  // [GP]
   float* sprob = scorr + GPPAD;        // [NS]: scores, then probabilities
   const float sl2 = scale * LOG2E;
-  if (nb > 0) {
+  i64 kend = chi;  // the splits read the cache up to kend
+  if (fw) {
+    int e = 0x7fffffff;
+    for (int w = 0; w < nw; ++w) e = min(e, sdup[w]);
+    if (e != 0x7fffffff) kend = min(kend, (i64)e - 1);
+  }
+  // absorb folds one key (the lane's elements kf of it, as the main loop's lanes hold
+  // them, in every key group) and its value vf into the warp's softmax state.
+  auto absorb = [&](const float* kf, const float* vf) {
+    float s[GP];
+#pragma unroll
+    for (int j = 0; j < GP; ++j) {
+      float a = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        const int ch = c0 + c * LPR;
+        if (ch < nch) {
+          float qv[VEC];
+          lds_vec<VEC>(sq + j * Dp + ch * VEC, qv);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) a = __fmaf_rn(qv[e], kf[c * VEC + e], a);
+        }
+      }
+      s[j] = a;
+    }
+#pragma unroll
+    for (int o = 1; o < LPR; o <<= 1)
+#pragma unroll
+      for (int j = 0; j < GP; ++j) s[j] += __shfl_xor_sync(FULL_MASK, s[j], o);
+    float mm = m_own, mc = 1.0f, mp = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GP; ++j) {
+      const float sj = R::round(s[j]) * sl2;
+      const float mj = __shfl_sync(FULL_MASK, m_own, j);
+      const float mn = fmaxf(mj, sj);
+      const float cr = exp2f(mj - mn), pj = exp2f(sj - mn);
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[j][e] = __fmaf_rn(acc[j][e], cr, kg == 0 ? pj * vf[e] : 0.0f);
+      if (j == lane % GP) mm = mn, mc = cr, mp = pj;
+    }
+    l_own = l_own * mc + (lane < GP ? mp : 0.0f);
+    m_own = mm;
+  };
+  if (own) {
+    if (ok) absorb(kown, vown);
+    if (hg == 0) {
+      const i64 nslots = (i64)NB * BS;
+      if (wslot >= 0 && wslot < nslots) {
+        if (kg == 0) {
+#pragma unroll
+          for (int c = 0; c < CPL; ++c) {
+            const int ch = c0 + c * LPR;
+            if (ch < nch) {
+              const i64 dst = (wslot * KVH + g) * D + ch * VEC;
+              vstore<C, VEC>(kc + dst, kown + c * VEC);
+              vstore<C, VEC>(vc + dst, vown + c * VEC);
+            }
+          }
+        }
+      } else if (lane == 0) {
+        report(err, 2, wslot, t, nslots);
+      }
+    }
+  }
+  const i64 p0l = max(lo, (i64)bstart * BS), p1l = min(kend, (i64)(bend + 1) * BS - 1);
+  if (nb > 0 && p0l <= p1l) {
     // Positions fit in 31 bits (the host checks M*BS), so p / BS is a multiply and a shift.
-    const unsigned p0 = (unsigned)max(lo, (i64)bstart * BS), p1 = (unsigned)min(hi, (i64)(bend + 1) * BS - 1);
+    const unsigned p0 = (unsigned)p0l, p1 = (unsigned)p1l;
     const unsigned bs = (unsigned)BS, bsh = 32 - __clz(bs - 1);
     const unsigned bmul = (unsigned)(((1ull << 32) * ((1ull << bsh) - bs)) / bs + 1);
     // slot[u]: the cache slot of key u of this lane's group, -1 when there is none (past
@@ -342,6 +453,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
     unsigned base = p0 + warp * STEP;
     locate(base);
     fetch(kr, kc);
+    fetch(vr, vc);
     for (; base <= p1; base += nw * STEP) {
       unsigned valid = 0;
 #pragma unroll
@@ -371,9 +483,8 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
           s[u * GP + j] = a;
         }
       }
-      fetch(vr, vc);             // the values load while the scores are merged,
-      locate(base + nw * STEP);  // and the next step's keys during the rest of the step
-      fetch(kr, kc);
+      locate(base + nw * STEP);  // the next step's keys load during the rest of the step,
+      fetch(kr, kc);             // its values once this step's are used
       TReduce<NV, LPR / 2>::run(s, lane);
       __syncwarp();  // the previous step's readers of the work area are done
       if (c0 % REP == 0) {
@@ -429,6 +540,49 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
 #pragma unroll
           for (int e = 0; e < EPL; ++e) acc[j][e] = __fmaf_rn(pr[u * GP + j], vf[e], acc[j][e]);
       }
+      fetch(vr, vc);
+    }
+  }
+  // Positions kend+1..hi-1 (only when other tokens of the step write some of them): each
+  // from the last token of the step that writes it, else from the cache.
+  if (own && ok && kend + 1 < hi) {
+    for (i64 p = kend + 1; p < hi; ++p) {
+      int best = -1;
+      for (int i = lane; i < S; i += 32)
+        if (i != t && load_idx(seqs, i, q64) == seq && load_idx(pos, i, p64) == p) best = i;
+      best = __reduce_max_sync(FULL_MASK, best);
+      i64 row = -1;  // element offset of the row in the cache
+      if (best < 0) {
+        const i64 b = load_idx(tables, seq * M + p / BS, t64);
+        if (b < 0 || b >= NB) {
+          if (lane == 0 && blockIdx.y == 0) report(err, 3, b, seq, NB);
+          continue;
+        }
+        row = ((b * BS + p % BS) * KVH + g) * D;
+      }
+      float kf[EPL], vf[EPL];
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        const int ch = c0 + c * LPR;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int d = ch * VEC + e;
+          float kx = 0.0f, vx = 0.0f;
+          if (ch < nch) {
+            if (best >= 0) {
+              const i64 src = ((i64)g * S + best) * D + d;
+              kx = C::round(X::load(kn, src));
+              vx = C::round(X::load(vn, src));
+            } else {
+              kx = C::load(kc, row + d);
+              vx = C::load(vc, row + d);
+            }
+          }
+          kf[c * VEC + e] = kx;
+          vf[c * VEC + e] = vx;
+        }
+      }
+      absorb(kf, vf);
     }
   }
   // Merge the key groups of the warp (lanes that share c0) and the lanes of each head's sum,
@@ -491,12 +645,13 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
 #define PAGED_DECODE(X, XN, C, CN, VEC, LPR, CPL, GP, U)                                                          \
   extern "C" __global__ void __launch_bounds__(DEC_MAX_WARPS * 32)                                                \
       paged_decode_##XN##_##CN##_v##VEC##_l##LPR##_c##CPL##_g##GP##_u##U(                                         \
-          X::T* out, float* part, const X::T* q, const C::T* kc, const C::T* vc, const void* pos, int p64,        \
-          const void* seqs, int q64, const void* tables, int t64, int H, int KVH, int S, int D, int NB, int BS,   \
-          int N, int M, float scale, int window, int maxb, int* err, int tm) {                                         \
-    paged_decode_impl<X, C, Promote<X, C>::type, VEC, LPR, CPL, GP, U>(out, part, q, kc, vc, pos, p64, seqs, q64, \
-                                                                       tables, t64, H, KVH, S, D, NB, BS, N, M,   \
-                                                                       scale, window, maxb, err, tm);            \
+          X::T* out, float* part, const X::T* q, C::T* kc, C::T* vc, const X::T* kn, const X::T* vn,              \
+          const void* slots, int s64, const void* pos, int p64, const void* seqs, int q64, const void* tables,    \
+          int t64, int H, int KVH, int S, int D, int NB, int BS, int N, int M, float scale, int window, int maxb, \
+          int fw, int* err, int tm) {                                                                              \
+    paged_decode_impl<X, C, Promote<X, C>::type, VEC, LPR, CPL, GP, U>(                                            \
+        out, part, q, kc, vc, kn, vn, slots, s64, pos, p64, seqs, q64, tables, t64, H, KVH, S, D, NB, BS, N, M,    \
+        scale, window, maxb, fw, err, tm);                                                                         \
   }
 
 // paged_combine merges the splits' partials [S][H][splits][D+2] (max in base 2, sum,
