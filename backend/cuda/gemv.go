@@ -40,22 +40,39 @@ var (
 )
 
 // gemvTilingFor is the tiling for M rows of x and N weight rows. Measured on an H200
-// (TestGemvTimings with LOOM_GEMV_SWEEP=1): for N of 16384 and more, 4 rows per warp and 4
-// warps per block stream best (M=1: lm_head 128256x4096 230.6 µs against 239.7 with one row
-// per warp, gate_up 54.3 against 58.2); below that the grid needs more warps: one row per
-// warp at M=1 (o_proj 4096x4096 10.7 µs against 12.8 with 4 rows), two rows per warp from
-// M=2, which halves the reads of x (M=2: qkv 6144x4096 14.4 µs against 19.5 with one row).
+// (TestGemvTimings with LOOM_GEMV_SWEEP=1, graph-replayed µs) on the Llama-3.1-8B decode
+// shapes at tp=1 and per GPU at tp=2; what matters most is that the grid fills the GPU in one
+// wave of enough warps:
+//
+//	M=1, N < 8192: one row per warp, 8 loads in flight per lane (qkv 4096->6144 13.9 against
+//	  14.7 with 4 loads, o_proj 9.7/10.2, down 14336->4096 28.3/33.4; tp=2: qkv 4096->3072
+//	  7.7/9.3, o_proj 2048->4096 5.0/5.2, down 7168->4096 14.8/16.7).
+//	M=1, 8192 <= N < 16384: two rows per warp (tp=2 gate_up 4096->14336 27.8 against 29.8).
+//	N >= 16384: 4 rows per warp and 4 warps per block (lm_head 4096->128256 233.9, gate_up
+//	  4096->28672 54.5; other tilings within 1-2%); at M=2 4 loads in flight per lane
+//	  (lm_head 238.8, tp=2 lm_head 4096->64128 120.6, gate_up 55.9).
+//	M=2, N <= 4096: one row per warp (o_proj 9.2 against 11.7 with two, down 28.1/36.8;
+//	  tp=2: o_proj 5.1/5.8, down 14.6/18.9, qkv 8.0/9.1): 512 blocks or fewer are resident at
+//	  once; N 6144 needs 768 and two rows per warp do better (qkv 13.1 against 14.7).
+//	M=2, 8192 <= N < 16384: 4 rows per warp, 4 warps (tp=2 gate_up 28.3 against 30.4).
+//	M >= 3: two rows per warp (N < 16384), which halves the reads of x.
 func gemvTilingFor(M, N int) gemvConfig {
 	if gemvTiling != nil {
 		return gemvTiling(M, N)
 	}
 	switch {
+	case M == 1 && N < 8192:
+		return gemvConfig{rows: 1, unroll: 8, warps: 8}
+	case M == 1 && N < 16384:
+		return gemvConfig{rows: 2, unroll: 4, warps: 8}
+	case M == 2 && N >= 8192:
+		return gemvConfig{rows: 4, unroll: 4, warps: 4}
 	case N >= 16384:
 		return gemvConfig{rows: 4, unroll: 2, warps: 4}
-	case M >= 2:
-		return gemvConfig{rows: 2, unroll: 4, warps: 8}
+	case M == 2 && N <= 4096:
+		return gemvConfig{rows: 1, unroll: 4, warps: 8}
 	}
-	return gemvConfig{rows: 1, unroll: 4, warps: 8}
+	return gemvConfig{rows: 2, unroll: 4, warps: 8}
 }
 
 // gemvFits returns the gemv plan of linear's out[...,N] = x[...,K] · w[N,K]ᵀ (shapes already
@@ -79,24 +96,28 @@ func gemvFits(x, w *Tensor) (gemvPlan, bool) {
 
 // planGemv decides whether linear runs its product on the gemv kernel: when it fits and was
 // measured faster than cuBLAS. Measured on an H200 (TestGemvTimings: CUDA-graph replay of
-// back-to-back calls, weights rotated beyond L2) on the Llama-3.1-8B decode shapes, in µs,
-// gemv against cuBLAS:
+// back-to-back calls, weights rotated beyond L2) on the Llama-3.1-8B decode shapes, at tp=1
+// and per GPU at tp=2 (/2), in µs, gemv (gemvTilingFor's tiling) against cuBLAS:
 //
-//	bf16 x, M=1: qkv 4096->6144 14.2/14.3, o_proj 4096->4096 10.7/12.3, gate_up 4096->28672
-//	  54.4/55.3, down 14336->4096 30.5/30.4, lm_head 4096->128256 230.6/239.2: taken.
-//	bf16 x, M=2: qkv 14.4/15.2, o_proj 11.0/12.3: taken (N < 16384, K <= 4096); gate_up
-//	  57.9/54.4, down 31.7/30.4: cuBLAS's; lm_head 236.2/241.3 is within the noise: cuBLAS's.
+//	bf16 x, M=1: qkv 4096->6144 13.9/15.8, o_proj 4096->4096 9.7/12.3, gate_up 4096->28672
+//	  54.5/55.6, down 14336->4096 28.3/31.1, lm_head 4096->128256 233.9/246.4; qkv/2
+//	  4096->3072 7.7/10.7, o_proj/2 2048->4096 5.0/6.7, gate_up/2 4096->14336 27.8/29.9,
+//	  down/2 7168->4096 14.8/18.8, lm_head/2 4096->64128 118.4/129.7: taken.
+//	bf16 x, M=2: qkv 13.1/15.1, o_proj 9.2/12.4, down 28.1/31.2, lm_head 238.8/247.3, qkv/2
+//	  8.0/10.9, o_proj/2 5.1/6.7, gate_up/2 28.3/29.7, down/2 14.6/19.0, lm_head/2
+//	  120.6/129.4: taken; gate_up 55.9/55.7 (16384 <= N < 32768): cuBLAS's.
+//	bf16 x, M=4: down/2 17.4/19.4 and o_proj 11.9/12.4 are taken (N <= 4096, 4096 <= K <=
+//	  8192); elsewhere cuBLAS's tensor-core kernels, which take 8 rows in the time of one,
+//	  win or tie (down 31.3/31.3, o_proj/2 6.9/6.7, qkv 19.7/15.2, lm_head 254.4/248.5).
+//	bf16 x, M=8: cuBLAS's everywhere (the gemv at 0.4-0.7x).
 //	f32 x, M=1: gate_up 55.5/57.2 and lm_head 233.1/241.2 are taken (N >= 16384, 4 rows per
 //	  warp share the rounding of x to bf16); with one row per warp the rounding costs more
 //	  than cuBLAS's separate cast: qkv 18.1/16.1, down 38.6/32.3 (o_proj 12.5/13.9 is the
 //	  exception, left to cuBLAS).
-//	M >= 4: the gemv does M FMAs per weight on the CUDA cores and falls behind cuBLAS's
-//	  tensor-core kernels, which take 8 rows in the time of one (M=4: 0.68-1.00x of cuBLAS,
-//	  M=8: 0.54-0.66x).
 //
 // cuBLAS's small-M kernels stay under HBM bandwidth mostly on the small projections (o_proj
-// 2.7 TB/s); both pay about 1 µs per call in a graph (a 4 KB product: gemv 1.1 µs, cuBLAS
-// 2.0 µs) plus the ramp and drain of the memory pipeline.
+// 2.7 TB/s); both pay about 1 µs per call in a graph (a 4 KB product: gemv 0.8 µs, cuBLAS
+// 2.1 µs) plus the ramp and drain of the memory pipeline.
 func planGemv(x, w *Tensor) (gemvPlan, bool) {
 	if gemvOff {
 		return gemvPlan{}, false
@@ -111,7 +132,9 @@ func planGemv(x, w *Tensor) (gemvPlan, bool) {
 	case p.M == 1:
 		ok = true
 	case p.M == 2:
-		ok = p.N < 16384 && p.K <= 4096
+		ok = p.N < 16384 || p.N >= 32768
+	case p.M == 4:
+		ok = p.N <= 4096 && p.K >= 4096 && p.K <= 8192
 	default:
 		ok = false
 	}

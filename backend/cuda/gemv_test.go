@@ -28,10 +28,17 @@ func TestGemvPlan(t *testing.T) {
 		{"decode f32 x lm_head", f32, bf, []int{1, 1, 4096}, 128256, 4096, 0, 1, true},
 		{"decode f32 x qkv", f32, bf, []int{1, 4096}, 6144, 4096, 0, 1, false},
 		{"batch 2 qkv", bf, bf, []int{2, 4096}, 6144, 4096, 0, 2, true},
-		{"batch 2 down", bf, bf, []int{1, 2, 14336}, 4096, 14336, 0, 2, false},
+		{"batch 2 down", bf, bf, []int{1, 2, 14336}, 4096, 14336, 0, 2, true},
 		{"batch 2 gate_up", bf, bf, []int{2, 4096}, 28672, 4096, 0, 2, false},
+		{"batch 2 gate_up tp=2", bf, bf, []int{2, 4096}, 14336, 4096, 0, 2, true},
+		{"batch 2 lm_head", bf, bf, []int{2, 4096}, 128256, 4096, 0, 2, true},
 		{"batch 2 f32 x", f32, bf, []int{2, 4096}, 4096, 4096, 0, 2, false},
-		{"batch 4", bf, bf, []int{4, 4096}, 4096, 4096, 0, 4, false},
+		{"batch 3", bf, bf, []int{3, 4096}, 4096, 4096, 0, 3, false},
+		{"batch 4", bf, bf, []int{4, 4096}, 4096, 4096, 0, 4, true},
+		{"batch 4 down tp=2", bf, bf, []int{4, 7168}, 4096, 7168, 0, 4, true},
+		{"batch 4 down", bf, bf, []int{4, 14336}, 4096, 14336, 0, 4, false},
+		{"batch 4 o_proj tp=2", bf, bf, []int{4, 2048}, 4096, 2048, 0, 4, false},
+		{"batch 4 qkv", bf, bf, []int{4, 4096}, 6144, 4096, 0, 4, false},
 		{"batch 8", bf, bf, []int{2, 4, 14336}, 4096, 14336, 0, 8, false},
 		{"K 8", bf, bf, []int{1, 8}, 1, 8, 0, 1, true},
 		{"batch 9", bf, bf, []int{9, 4096}, 4096, 4096, 0, 0, false},
@@ -294,7 +301,7 @@ func TestGemvTimings(t *testing.T) {
 	}
 	tilings := []gemvConfig{{}} // {} is gemvTilingFor's
 	if os.Getenv("LOOM_GEMV_SWEEP") == "1" {
-		tilings = append(tilings, gemvConfig{1, 4, 8}, gemvConfig{2, 4, 8}, gemvConfig{4, 2, 4}, gemvConfig{4, 4, 4})
+		tilings = append(tilings, gemvConfig{1, 4, 8}, gemvConfig{1, 8, 8}, gemvConfig{2, 4, 8}, gemvConfig{4, 2, 4}, gemvConfig{4, 4, 4})
 	}
 	t.Logf("%-22s %-3s %-4s %-18s %15s %21s %8s", "K -> N", "M", "x", "kernel", "graph µs (TB/s)", "eager µs (TB/s)", "speedup")
 	for _, s := range []struct {
@@ -302,6 +309,8 @@ func TestGemvTimings(t *testing.T) {
 		K, N int
 	}{
 		{"qkv", 4096, 6144}, {"o_proj", 4096, 4096}, {"gate_up", 4096, 28672}, {"down", 14336, 4096}, {"lm_head", 4096, 128256},
+		// per GPU at tp=2
+		{"qkv/2", 4096, 3072}, {"o_proj/2", 2048, 4096}, {"gate_up/2", 4096, 14336}, {"down/2", 7168, 4096}, {"lm_head/2", 4096, 64128},
 		{"floor", 128, 16}, // launch and latency: 4 KB of weights
 	} {
 		wbytes := 2 * s.N * s.K

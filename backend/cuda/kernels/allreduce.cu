@@ -49,7 +49,9 @@
 // only for peers' values.
 
 #define AR_MAX_RANKS 8
+#define AR_FLIGHT 4  // slots whose loads a thread has in flight together
 #define AR_MAX_BLOCKS 256
+#define AR_DATA_OFFSET 4096  // the data's offset in a rank's allocation (peerDataOffset in peer.go)
 #define AR_BUFFERS 3
 #define AR_EMPTY16 0xffffu
 #define AR_EMPTY32 0xffffffffu
@@ -181,9 +183,15 @@ __device__ __forceinline__ ArCall ar_begin(const PeerArgs& p, long long bytes) {
   return c;
 }
 
-// ar_slot is slot q of buffer k%3 of rank r's data.
+// ar_slot is slot q of buffer k%3 of rank r's data; ar_own is ar_slot of this rank (its
+// address is its ctl's plus AR_DATA_OFFSET, which keeps p.data from being indexed by a
+// run-time rank, which would copy it to local memory).
 __device__ __forceinline__ char* ar_slot(const PeerArgs& p, int r, u64 k, int q) {
   return (char*)p.data[r] + ((long long)(k % AR_BUFFERS) * p.nranks + q) * p.slot;
+}
+
+__device__ __forceinline__ char* ar_own(const PeerArgs& p, u64 k, int q) {
+  return (char*)p.ctl + AR_DATA_OFFSET + ((long long)(k % AR_BUFFERS) * p.nranks + q) * p.slot;
 }
 
 // ar_clear sets the first c.prev bytes of every slot of this rank's buffer (k-1)%3 back to
@@ -194,7 +202,7 @@ __device__ __forceinline__ void ar_clear(const PeerArgs& p, const ArCall& c) {
   const uint4 e = make_uint4(AR_EMPTY32, AR_EMPTY32, AR_EMPTY32, AR_EMPTY32);
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
     long long q = i / per, j = i - q * per;
-    st_volatile4((uint4*)ar_slot(p, p.rank, c.k + AR_BUFFERS - 1, (int)q) + j, e);
+    st_volatile4((uint4*)ar_own(p, c.k + AR_BUFFERS - 1, (int)q) + j, e);
   }
 }
 
@@ -220,28 +228,28 @@ struct ArWait {
 
 // ar_sum4 sums, in rank order, the 16 bytes at byte offset off of every slot of this rank's
 // buffer k%3, once none of their elements is empty (or the wait gives up). The first loads
-// of all slots are in flight together.
+// of AR_FLIGHT slots at a time are in flight together.
 template <class X>
 __device__ __forceinline__ void ar_sum4(const PeerArgs& p, u64 k, long long off, ArWait& w, float* acc) {
   const int N = Pack<X>::N;
-  uint4 v[AR_MAX_RANKS];
 #pragma unroll
-  for (int q = 0; q < AR_MAX_RANKS; q++)
-    if (q < p.nranks) v[q] = ld_volatile4(ar_slot(p, p.rank, k, q) + off);
+  for (int q0 = 0; q0 < AR_MAX_RANKS; q0 += AR_FLIGHT) {
+    if (q0 < p.nranks) {
+      uint4 v[AR_FLIGHT];
 #pragma unroll
-  for (int q = 0; q < AR_MAX_RANKS; q++) {
-    if (q < p.nranks) {
-      while (Pack<X>::empty4(v[q]) && !w.late(p, q)) v[q] = ld_volatile4(ar_slot(p, p.rank, k, q) + off);
-    }
-  }
-  Pack<X>::unpack(v[0], acc);
+      for (int j = 0; j < AR_FLIGHT; j++)
+        if (q0 + j < p.nranks) v[j] = ld_volatile4(ar_own(p, k, q0 + j) + off);
 #pragma unroll
-  for (int q = 1; q < AR_MAX_RANKS; q++) {
-    if (q < p.nranks) {
-      float f[N];
-      Pack<X>::unpack(v[q], f);
+      for (int j = 0; j < AR_FLIGHT; j++) {
+        const int q = q0 + j;
+        if (q < p.nranks) {
+          while (Pack<X>::empty4(v[j]) && !w.late(p, q)) v[j] = ld_volatile4(ar_own(p, k, q) + off);
+          float f[N];
+          Pack<X>::unpack(v[j], f);
 #pragma unroll
-      for (int j = 0; j < N; j++) acc[j] += f[j];
+          for (int e = 0; e < N; e++) acc[e] = q == 0 ? f[e] : acc[e] + f[e];
+        }
+      }
     }
   }
 }
@@ -310,21 +318,27 @@ __device__ __forceinline__ void ar_send(const PeerArgs& p, u64 k, const typename
 }
 
 // ar_sum is the sum over ranks, in rank order, of element e of this rank's buffer k%3, once
-// no slot's element is empty (or the wait gives up). The first loads of all slots are in
-// flight together.
+// no slot's element is empty (or the wait gives up). The first loads of AR_FLIGHT slots at a
+// time are in flight together.
 template <class X>
 __device__ __forceinline__ float ar_sum(const PeerArgs& p, u64 k, long long e, ArWait& w) {
   typedef typename Pack<X>::U U;
-  U v[AR_MAX_RANKS];
-#pragma unroll
-  for (int q = 0; q < AR_MAX_RANKS; q++)
-    if (q < p.nranks) v[q] = Pack<X>::ld_volatile((const U*)ar_slot(p, p.rank, k, q) + e);
   float acc = 0.f;
 #pragma unroll
-  for (int q = 0; q < AR_MAX_RANKS; q++) {
-    if (q < p.nranks) {
-      while (Pack<X>::empty(v[q]) && !w.late(p, q)) v[q] = Pack<X>::ld_volatile((const U*)ar_slot(p, p.rank, k, q) + e);
-      acc = q == 0 ? Pack<X>::value(v[q]) : acc + Pack<X>::value(v[q]);
+  for (int q0 = 0; q0 < AR_MAX_RANKS; q0 += AR_FLIGHT) {
+    if (q0 < p.nranks) {
+      U v[AR_FLIGHT];
+#pragma unroll
+      for (int j = 0; j < AR_FLIGHT; j++)
+        if (q0 + j < p.nranks) v[j] = Pack<X>::ld_volatile((const U*)ar_own(p, k, q0 + j) + e);
+#pragma unroll
+      for (int j = 0; j < AR_FLIGHT; j++) {
+        const int q = q0 + j;
+        if (q < p.nranks) {
+          while (Pack<X>::empty(v[j]) && !w.late(p, q)) v[j] = Pack<X>::ld_volatile((const U*)ar_own(p, k, q) + e);
+          acc = q == 0 ? Pack<X>::value(v[j]) : acc + Pack<X>::value(v[j]);
+        }
+      }
     }
   }
   return acc;
