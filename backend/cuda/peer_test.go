@@ -945,6 +945,31 @@ func TestPeerKernelsCompile(t *testing.T) {
 	if _, _, err := c.cubin("allreduce.cu", ""); err != nil {
 		t.Fatal(err)
 	}
+	// The kernels of decode steps keep everything in registers: an argument struct indexed by
+	// a run-time rank, or arrays too big for 64 registers (launch bounds 1024), go to local
+	// memory, whose latency lands on the critical path of every call.
+	src, err := kernelSource("allreduce.cu", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, log, err := cubind.CompileCUBIN(src, "allreduce.cu", append([]string{"--gpu-architecture=sm_90", "--ptxas-options=-v"}, kernelOptions("allreduce.cu")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
+		name, info, _ := strings.Cut(k, "'")
+		if !strings.HasPrefix(name, "allreduce_") && !strings.HasSuffix(name, "_vec") {
+			continue // the loop form of all_reduce_add_rmsnorm: rows no decode step has
+		}
+		checked++
+		if !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
+			t.Errorf("%s uses local memory:%s", name, info)
+		}
+	}
+	if checked != 2+8 {
+		t.Errorf("checked %d kernels in the ptxas log, want 10:\n%s", checked, log)
+	}
 }
 
 // TestPeerDesc checks the exchanged description's round trip and the kernel argument layout.
