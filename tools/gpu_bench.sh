@@ -1,37 +1,43 @@
 #!/bin/bash
-# The GPU figures of docs/PERFORMANCE.md, in one session on the GPU host (2 GPUs for tp=2).
-# Build here (no Go there), into a folder .git/info/exclude ignores, and carry it:
+# The GPU figures of docs/PERFORMANCE.md, in one session on the GPU host (2 GPUs for tp=2):
+# every GPU test (the four test binaries at once), the kernel timings, then the end-to-end
+# figures. Build here (no Go there), into a folder .git/info/exclude ignores, and carry it:
 #   mkdir -p .bin/me && make build && cp loom tools/hf_llama_decode.py .bin/me/
 #   CGO_ENABLED=0 go test -c -o .bin/me/cuda.test ./backend/cuda   (likewise engine, dist/nccl, cubind)
-# then run there: bash tools/gpu_bench.sh  (BIN=.bin/me by default; logs go to $OUT or /tmp).
+# then run there: bash tools/gpu_bench.sh  (BIN=.bin/me by default; logs go to $OUT or /tmp;
+# HF=1 adds the Hugging Face eager baseline, about a minute).
 set -u
 export NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1
 B=$(cd "${BIN:-.bin/me}" && pwd); L=$B/loom; M=/dev/shm/l8b; O=${OUT:-/tmp}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-( [ -f $M/config.json ] || $L synth llama-3.1-8b --out $M >/dev/null 2>&1; echo synth done ) &
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+( $L synth llama-3.1-8b --out $M >/dev/null 2>&1; echo synth done ) &
 S=$!
-sumt() { grep -E "^--- FAIL|^(ok|FAIL|PASS)$|panic:" "$1" | head -30; }
-for t in cubind:cubind dist/nccl:nccl backend/cuda:cuda engine:engine; do
-  dir=${t%%:*}; bin=$B/${t##*:}.test
-  [ -x $bin ] || continue
-  run=""; [ $dir = engine ] && run="-test.run CUDA|Device|MultiProc"
-  (cd $dir && timeout 300 $bin -test.v $run -test.skip 'GemmTune' > $O/${t##*:}.log 2>&1; echo "$dir rc=$?"); sumt $O/${t##*:}.log
-done
+sumt() { echo "== $1: $(grep -cE '^\s*--- PASS' $O/$1.log) pass; $(grep -E '^(ok|FAIL|PASS)$|panic:' $O/$1.log | tr '\n' ' ')"; grep -E '^\s*--- FAIL' $O/$1.log | head -20; }
+P=""
+(cd cubind && timeout 200 $B/cubind.test -test.v > $O/cubind.log 2>&1) & P="$P $!"
+(cd dist/nccl && timeout 200 $B/nccl.test -test.v > $O/nccl.log 2>&1) & P="$P $!"
+(cd backend/cuda && timeout 240 $B/cuda.test -test.v -test.skip GemmTune > $O/cuda.log 2>&1) & P="$P $!"
+(cd engine && timeout 240 $B/engine.test -test.v -test.run 'CUDA|Device|MultiProc' > $O/engine.log 2>&1) & P="$P $!"
+wait $P
+for t in cubind nccl cuda engine; do sumt $t; done
+(cd backend/cuda && LOOM_CUDA_TIMINGS=1 timeout 60 $B/cuda.test -test.v -test.run 'PeerLatency|GemvTimings|PagedDecodeTimings' > $O/timings.log 2>&1)
+grep -A10 "one-shot all-reduce, 2" $O/timings.log; grep -A5 "all_reduce_add_rmsnorm bf16" $O/timings.log | head -6
 wait $S
 BB="$L bench --model $M --device cuda --log-level warn --max-batch 64 --max-tokens-per-step 2048"
 g() { grep -E "output tokens/s|time per output|time to first|engine:"; }
-for ws in 1 2; do
+for ws in 2 1; do
   echo "== tp=$ws batch 1 (128/128)"; timeout 60 $BB --world-size $ws --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
   echo "== tp=$ws 64 concurrent (128/128)"; timeout 90 $BB --world-size $ws --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
   echo "== tp=$ws TTFT 1024"; timeout 60 $BB --world-size $ws --warmup 2 --num-requests 5 --concurrency 1 --input-len 1024 --output-len 1 2>&1 | g
 done
-echo "== tp=1 batch 1, PDL off"; LOOM_CUDA_PDL=0 timeout 60 $BB --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
-echo "== HF eager batch 1"; timeout 100 python3 $B/hf_llama_decode.py eager 1 2>&1 | grep -vi warn | tail -2
 echo "== multi-process tp=2: loom launch --nproc 2 -- loom serve"
-$L launch --nproc 2 -- $L serve --model $M --device cuda --world-size 2 --max-batch 64 --max-tokens-per-step 2048 --port 8100 --log-level warn > $O/mp.log 2>&1 &
+$L launch --nproc 2 -- $L serve --model $M --device cuda --world-size 2 --max-batch 64 --max-tokens-per-step 2048 --port 8100 --log-level info > $O/mp.log 2>&1 &
 pid=$!
 for i in $(seq 90); do curl -sf localhost:8100/health >/dev/null 2>&1 && break; sleep 1; done
 H="$L bench --url http://127.0.0.1:8100 --tokenizer $M --log-level warn"
 timeout 40 $H --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
 timeout 60 $H --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
-kill $pid; wait $pid 2>/dev/null; grep -iE "error|panic" $O/mp.log | head -3
+kill $pid; wait $pid 2>/dev/null; grep -iE "one-shot|error|panic" $O/mp.log | head -4
+if [ "${HF:-0}" = 1 ]; then
+  echo "== Hugging Face eager batch 1"; timeout 100 python3 $B/hf_llama_decode.py eager 1 2>&1 | grep -vi warn | tail -2
+fi
