@@ -45,8 +45,9 @@
 // buffer, not a second, is what keeps them apart. Loads and stores of the buffers are
 // volatile (never an L1 line); stores of peer memory cross NVLink as written.
 //
-// The kernels need sm_70 or later. Blocks need not be resident together: a thread waits
-// only for peers' values.
+// The kernels need sm_70 or later. A block waits only for values that the peers' blocks of
+// its own index write before they wait, never for a block of its own grid (the grids are
+// still at most one block per SM, so all of a call's blocks run at once).
 
 #define AR_MAX_RANKS 8
 #define AR_FLIGHT 4  // slots whose loads a thread has in flight together
