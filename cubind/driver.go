@@ -549,11 +549,19 @@ func (e Event) Done() (bool, error) {
 	if err := loadDriver(); err != nil {
 		return false, err
 	}
-	rc := fnEventQuery(uintptr(e))
+	return queryResult("cuEventQuery", fnEventQuery(uintptr(e)))
+}
+
+// queryResult reads the code of a query call (cuEventQuery, cuStreamQuery): not ready is
+// (false, nil), success (true, nil), any other code an error.
+func queryResult(fn string, rc int32) (bool, error) {
 	if rc == CudaErrorNotReady {
 		return false, nil
 	}
-	return rc == 0, driverErr("cuEventQuery", rc)
+	if err := driverErr(fn, rc); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // Elapsed returns the time between two recorded, completed events (resolution about 0.5 µs).

@@ -158,14 +158,7 @@ func (s Stream) Query() (bool, error) {
 	if err := loadDriver(); err != nil {
 		return false, err
 	}
-	rc := fnStreamQuery(uintptr(s))
-	if rc == CudaErrorNotReady {
-		return false, nil
-	}
-	if err := driverErr("cuStreamQuery", rc); err != nil {
-		return false, err
-	}
-	return true, nil
+	return queryResult("cuStreamQuery", fnStreamQuery(uintptr(s)))
 }
 
 // IsPeerAccessUnsupported reports whether err says that two GPUs cannot reach each other's
