@@ -342,19 +342,36 @@ func checkHFParity(t *testing.T, d *Device, name string, m *model.Model, g *grap
 func TestGraphReplayMatchesEager(t *testing.T) {
 	d := gpu(t)
 	m, _, fused := fixtureGraphs(t, "tiny-llama", tensor.BF16)
-	eager, err := Compile(context.Background(), d, fused, m.Checkpoint, nil)
+	// Each bucket runs eagerly, then is captured, then replayed: four runs per bucket.
+	runs := [][2]int{{2, 9}, {2, 9}, {2, 9}, {2, 9}, {1, 37}, {1, 37}, {1, 37}, {2, 9}}
+	graphs, wall := replayMatchesEager(t, d, fused, m, rand.New(rand.NewPCG(5, 6)), runs)
+	// The device clock counted every run, eager and replayed, within the wall time.
+	busy, n := graphs.DeviceTime()
+	if n != len(runs) || busy <= 0 || busy > wall {
+		t.Errorf("DeviceTime = %v over %d runs; want %d runs, more than 0 and at most the %v they took", busy, n, len(runs), wall)
+	}
+	graphs.ResetDeviceTime()
+	if busy, n := graphs.DeviceTime(); busy != 0 || n != 0 {
+		t.Errorf("after ResetDeviceTime: %v over %d runs", busy, n)
+	}
+}
+
+// replayMatchesEager compiles g with m's weights eagerly and with CUDA graphs, runs both on
+// the same random input ids of each [B,S] of runs, and fails the test unless their logits
+// agree bit for bit and every bucket ended up captured. It returns the program with graphs
+// (closed with the test) and the wall time of the runs.
+func replayMatchesEager(t *testing.T, d *Device, g *graph.Graph, m *model.Model, rng *rand.Rand, runs [][2]int) (*Program, time.Duration) {
+	t.Helper()
+	eager, err := Compile(context.Background(), d, g, m.Checkpoint, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer eager.Close()
-	graphs, err := Compile(context.Background(), d, fused, m.Checkpoint, &Options{Graphs: true})
+	graphs, err := Compile(context.Background(), d, g, m.Checkpoint, &Options{Graphs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer graphs.Close()
-	rng := rand.New(rand.NewPCG(5, 6))
-	// Each bucket runs eagerly, then is captured, then replayed: four runs per bucket.
-	runs := [][2]int{{2, 9}, {2, 9}, {2, 9}, {2, 9}, {1, 37}, {1, 37}, {1, 37}, {2, 9}}
+	t.Cleanup(func() { graphs.Close() })
 	start := time.Now()
 	for _, bs := range runs {
 		in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
@@ -376,15 +393,7 @@ func TestGraphReplayMatchesEager(t *testing.T) {
 			t.Errorf("bucket %s was not captured (noGraph=%v)", key, pl.noGraph)
 		}
 	}
-	// The device clock counted every run, eager and replayed, within the wall time.
-	busy, n := graphs.DeviceTime()
-	if n != len(runs) || busy <= 0 || busy > wall {
-		t.Errorf("DeviceTime = %v over %d runs; want %d runs, more than 0 and at most the %v they took", busy, n, len(runs), wall)
-	}
-	graphs.ResetDeviceTime()
-	if busy, n := graphs.DeviceTime(); busy != 0 || n != 0 {
-		t.Errorf("after ResetDeviceTime: %v over %d runs", busy, n)
-	}
+	return graphs, wall
 }
 
 // RunSampled's greedy draws give each logits row's argmax, as Run's logits do; a profiled

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/tensor"
@@ -70,25 +71,13 @@ func TestGemmTuneTimings(t *testing.T) {
 	buf := coldWeights(t, d, rng, pool)
 	// graphUs returns the µs per call of n calls captured into a graph and replayed.
 	graphUs := func(n int, call func(i int) error) (float64, error) {
-		var us float64
+		var el time.Duration
 		err := d.do(func() error {
-			exe, err := d.captureGraph(func() error {
-				for i := range n {
-					if err := call(i); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			defer exe.Destroy()
-			el, err := replayTime(d, exe, 5)
-			us = el.Seconds() * 1e6 / float64(n)
+			var err error
+			el, err = capturedCallTime(d, n, 5, call)
 			return err
 		})
-		return us, err
+		return el.Seconds() * 1e6, err
 	}
 	for _, s := range []struct {
 		name string

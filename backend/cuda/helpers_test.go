@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -298,6 +299,62 @@ func coldWeights(t *testing.T, d *Device, rng *rand.Rand, bytes int) *Tensor {
 		t.Fatal(err)
 	}
 	return buf
+}
+
+// zeroed allocates a zero-filled tensor on d for the test.
+func zeroed(t *testing.T, d *Device, dt tensor.DType, shape ...int) *Tensor {
+	t.Helper()
+	x := like(t, d, tensor.New(dt, shape...))[0]
+	if err := d.do(func() error { return cubind.MemsetD8Async(x.ptr, 0, uint64(x.Bytes()), d.stream) }); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// wallTime calls f warm times, then n times, and returns the wall time of one of the n
+// calls, the queued work included (the device is synchronised before and after).
+func wallTime(d *Device, warm, n int, f func() error) (time.Duration, error) {
+	for range warm {
+		if err := f(); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.Sync(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for range n {
+		if err := f(); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.Sync(); err != nil {
+		return 0, err
+	}
+	return time.Since(start) / time.Duration(n), nil
+}
+
+// errCapture marks a capturedCallTime error of the capture itself (such as a call that
+// allocates), as opposed to one of the replays.
+var errCapture = errors.New("capture")
+
+// capturedCallTime captures n calls of call(i) into a CUDA graph and returns the device time
+// of one call over reps replays (replayTime). The device must be locked (inside do).
+func capturedCallTime(d *Device, n, reps int, call func(i int) error) (time.Duration, error) {
+	exe, err := d.captureGraph(func() error {
+		for i := range n {
+			if err := call(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", errCapture, err)
+	}
+	defer exe.Destroy()
+	el, err := replayTime(d, exe, reps)
+	return el / time.Duration(n), err
 }
 
 // replayTime launches exe once to warm up, then reps times between two events, and returns

@@ -646,36 +646,19 @@ func graphTime(t *testing.T, d *Device, reps int, f func() error) time.Duration 
 	if err := d.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	var exe cubind.GraphExec
+	var el time.Duration
 	err := d.do(func() error {
 		var err error
-		exe, err = d.captureGraph(func() error {
-			for range reps {
-				if err := f(); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		el, err = capturedCallTime(d, reps, 5, func(int) error { return f() })
 		return err
 	})
 	if err != nil {
-		t.Fatalf("capture: %v", err)
-	}
-	defer d.do(exe.Destroy)
-	var el time.Duration
-	err = d.do(func() error {
-		var err error
-		el, err = replayTime(d, exe, 5)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("replay: %v", err)
+		t.Fatal(err)
 	}
 	if err := d.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	return el / time.Duration(reps)
+	return el
 }
 
 // TestFastPathTimings times, when LOOM_CUDA_TIMINGS=1, the copies and norms on Llama-3.1-8B

@@ -1,10 +1,8 @@
 package cuda
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"github.com/loom-ml/loom/graph"
@@ -111,34 +109,5 @@ func TestPackedProgramGraphReplay(t *testing.T) {
 	if ops["qkv_rope"] == 0 || ops["swiglu_packed"] == 0 {
 		t.Fatalf("the optimized graph has no qkv_rope or swiglu_packed: %v", ops)
 	}
-	eager, err := Compile(context.Background(), d, g, m.Checkpoint, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eager.Close()
-	graphs, err := Compile(context.Background(), d, g, m.Checkpoint, &Options{Graphs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer graphs.Close()
-	rng := rand.New(rand.NewPCG(25, 26))
-	for _, bs := range [][2]int{{1, 1}, {1, 1}, {1, 1}, {1, 1}, {2, 37}, {2, 37}, {2, 37}} {
-		in := inputIDs(rng, bs[0], bs[1], m.Config.VocabSize)
-		want, err := eager.Run(context.Background(), in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := graphs.Run(context.Background(), in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got[0].Float32s(), want[0].Float32s()) {
-			t.Fatalf("B%d S%d: graph replay differs from eager launches", bs[0], bs[1])
-		}
-	}
-	for key, pl := range graphs.plans {
-		if pl.noGraph || pl.graph == 0 {
-			t.Errorf("bucket %s was not captured (noGraph=%v)", key, pl.noGraph)
-		}
-	}
+	replayMatchesEager(t, d, g, m, rand.New(rand.NewPCG(25, 26)), [][2]int{{1, 1}, {1, 1}, {1, 1}, {1, 1}, {2, 37}, {2, 37}, {2, 37}})
 }

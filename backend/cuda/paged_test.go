@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -437,39 +436,18 @@ func TestPagedTimings(t *testing.T) {
 			ctx[i], nw[i] = tc.ctx, tc.nw
 		}
 		l := newPagedLayout(rng, tensor.I32, ctx, nw, BS, 0, -1, false)
-		zeros := func(dt tensor.DType, shape ...int) *Tensor {
-			x := like(t, d, tensor.New(dt, shape...))[0]
-			if err := d.do(func() error { return cubind.MemsetD8Async(x.ptr, 0, uint64(x.Bytes()), d.stream) }); err != nil {
-				t.Fatal(err)
-			}
-			return x
-		}
+		zeros := func(dt tensor.DType, shape ...int) *Tensor { return zeroed(t, d, dt, shape...) }
 		q, k, v := zeros(tensor.BF16, 1, H, l.S, D), zeros(tensor.BF16, 1, KV, l.S, D), zeros(tensor.BF16, 1, KV, l.S, D)
 		kc, vc := zeros(tensor.BF16, l.NB, BS, KV, D), zeros(tensor.BF16, l.NB, BS, KV, D)
 		idx := up(t, d, l.pos, l.slots, l.seqs, l.tables)
 		in := []*Tensor{q, k, v, idx[0], kc, vc, idx[1], idx[2], idx[3]}
 		out := zeros(tensor.BF16, 1, H, l.S, D)
 		ws := pagedWorkspace(t, d, in)
-		call := func() error { return d.PagedAttention(out, in, ws, 0.088, 0, false) }
-		for range 3 {
-			if err := call(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := d.Sync(); err != nil {
+		per, err := wallTime(d, 3, 20, func() error { return d.PagedAttention(out, in, ws, 0.088, 0, false) })
+		if err != nil {
 			t.Fatal(err)
 		}
-		const n = 20
-		start := time.Now()
-		for range n {
-			if err := call(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := d.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		el := time.Since(start).Seconds() / n
+		el := per.Seconds()
 		// Cached K and V read: every token reads its context (the prefill's tokens, their
 		// causal share of it).
 		keys, pairs := 0.0, 0.0
@@ -610,26 +588,11 @@ func TestFlashPrefillTimings(t *testing.T) {
 			ps   int
 		}{{"flash PS2", true, 2}, {"flash PS1", true, 1}, {"paged_prefill", false, 2}} {
 			flashPrefillEnabled, flashPSplit = v.on, v.ps
-			call := func() error { return d.PagedAttention(out, in, nil, 0.088, 0, false) }
-			for range 3 {
-				if err := call(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := d.Sync(); err != nil {
+			per, err := wallTime(d, 3, 20, func() error { return d.PagedAttention(out, in, nil, 0.088, 0, false) })
+			if err != nil {
 				t.Fatal(err)
 			}
-			n := 20
-			start := time.Now()
-			for range n {
-				if err := call(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := d.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			el := time.Since(start).Seconds() / float64(n)
+			el := per.Seconds()
 			t.Logf("prefill N%d ctx %-5d new %-5d %-13s %9.1f µs  %6.1f TFLOP/s (causal)", tc.N, tc.ctx, tc.nw, v.name, el*1e6, flops/el/1e12)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -325,26 +324,11 @@ func TestSampleTimings(t *testing.T) {
 			in := up(t, d, x, rows.Tensor())
 			ids := like(t, d, tensor.New(tensor.I32, N))[0]
 			ws := like(t, d, tensor.New(tensor.Bool, int(SampleWorkspace(N, V))))[0]
-			call := func() error { return d.SampleRows(ids, in[0], in[1], ws) }
-			for range 2 {
-				if err := call(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := d.Sync(); err != nil {
+			per, err := wallTime(d, 2, 20, func() error { return d.SampleRows(ids, in[0], in[1], ws) })
+			if err != nil {
 				t.Fatal(err)
 			}
-			const n = 20
-			start := time.Now()
-			for range n {
-				if err := call(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := d.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			el := time.Since(start).Seconds() / n
+			el := per.Seconds()
 			t.Logf("sample f32 [%d,%d] T %.1f top-k %d top-p %.2f min-p %.2f: %8.1f µs (%.0f GB/s of one pass)", N, V, r.Temperature, r.TopK, r.TopP, r.MinP, el*1e6, float64(N*V*4)/el/1e9)
 		}
 	}

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
-	"time"
 
-	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -17,38 +15,14 @@ func TestTimings(t *testing.T) {
 	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
 		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
 	}
-	zeros := func(dt tensor.DType, shape ...int) *Tensor {
-		x, err := d.Alloc(dt, shape...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.do(func() error { return cubind.MemsetD8Async(x.ptr, 0, uint64(x.Bytes()), d.stream) }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Free(x) })
-		return x
-	}
+	zeros := func(dt tensor.DType, shape ...int) *Tensor { return zeroed(t, d, dt, shape...) }
 	timeIt := func(name string, bytes, flops float64, f func() error) {
 		t.Helper()
-		for range 2 {
-			if err := f(); err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
+		per, err := wallTime(d, 2, 10, f)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
-		if err := d.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		const n = 10
-		start := time.Now()
-		for range n {
-			if err := f(); err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-		}
-		if err := d.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		el := time.Since(start).Seconds() / n
+		el := per.Seconds()
 		msg := ""
 		if bytes > 0 {
 			msg += fmt.Sprintf(" (%.0f GB/s)", bytes/el/1e9)
