@@ -236,6 +236,13 @@ func planNorm(D int, ops ...operand) (p normLaunch, ok bool) {
 	return p, true
 }
 
+// planAddNorm is planNorm for add_rmsnorm's operands (and all_reduce_add_rmsnorm's, whose
+// vector form matches it thread for thread).
+func planAddNorm(D int, normed, sum, x, r, w *Tensor) (normLaunch, bool) {
+	return planNorm(D, operand{x.ptr, x.DType}, operand{r.ptr, r.DType}, operand{w.ptr, w.DType},
+		operand{sum.ptr, sum.DType}, operand{normed.ptr, normed.DType})
+}
+
 func normDim(x, w *Tensor) (int, error) {
 	if len(x.Shape) == 0 || len(w.Shape) != 1 || w.Shape[0] != x.Shape[len(x.Shape)-1] {
 		return 0, fmt.Errorf("norm weight %v does not fit the last axis of %v", w.Shape, x.Shape)
@@ -285,8 +292,7 @@ func (d *Device) addRMSNorm(normed, sum, x, r, w *Tensor, eps float32) error {
 	}
 	grid := cubind.Dim3{X: rows, Y: 1, Z: 1}
 	suffix := names[0] + "_" + names[1] + "_" + names[2]
-	if np, ok := planNorm(D, operand{x.ptr, x.DType}, operand{r.ptr, r.DType}, operand{w.ptr, w.DType},
-		operand{sum.ptr, sum.DType}, operand{normed.ptr, normed.DType}); ok {
+	if np, ok := planAddNorm(D, normed, sum, x, r, w); ok {
 		inst, name := addRMSNormVec(names[0], names[1], names[2], np)
 		return d.launchX("norm.cu", inst, name, grid, np.block(), 0, args)
 	}

@@ -570,8 +570,7 @@ func (r *PeerRank) allReduceAddRMSNorm(normed, sum, x, res, w *Tensor, eps float
 	// The vector form takes what add_rmsnorm's register form takes with one vector of 16
 	// bytes per thread, in the same threads, so that the two sum the squares alike.
 	wide := max(x.DType.Size(), res.DType.Size(), w.DType.Size())
-	if np, ok := planNorm(D, operand{x.ptr, x.DType}, operand{res.ptr, res.DType}, operand{w.ptr, w.DType},
-		operand{sum.ptr, sum.DType}, operand{normed.ptr, normed.DType}); ok && np.nv == 1 && np.vec*wide == 16 {
+	if np, ok := planAddNorm(D, normed, sum, x, res, w); ok && np.nv == 1 && np.vec*wide == 16 {
 		name += "_vec"
 		block = np.block()
 	}

@@ -74,18 +74,28 @@ func (d *Device) SampleRows(ids, logits, params, ws *Tensor) error {
 	return d.do(func() error { return d.sampleRows(ids, logits, params, ws) })
 }
 
+// rowsShape checks the operands SampleRows and GreedyRows share, logits f32 [N,V] and ids
+// i32 [N], and returns N and V.
+func rowsShape(ids, logits *Tensor) (N, V int, err error) {
+	if logits.DType != tensor.F32 || len(logits.Shape) != 2 {
+		return 0, 0, fmt.Errorf("logits must be f32 [N,V], got %s%v", logits.DType, logits.Shape)
+	}
+	N, V = logits.Shape[0], logits.Shape[1]
+	if V <= 0 || V > math.MaxInt32/2 {
+		return 0, 0, fmt.Errorf("vocabulary size %d is outside 1..%d", V, math.MaxInt32/2)
+	}
+	if err := checkOut("ids", ids, tensor.I32, []int{N}); err != nil {
+		return 0, 0, err
+	}
+	return N, V, nil
+}
+
 func (d *Device) sampleRows(ids, logits, params, ws *Tensor) error {
 	if err := checkLive(ids, logits, params); err != nil {
 		return fmt.Errorf("cuda: sample: %w", err)
 	}
-	if logits.DType != tensor.F32 || len(logits.Shape) != 2 {
-		return fmt.Errorf("cuda: sample: logits must be f32 [N,V], got %s%v", logits.DType, logits.Shape)
-	}
-	N, V := logits.Shape[0], logits.Shape[1]
-	if V <= 0 || V > math.MaxInt32/2 {
-		return fmt.Errorf("cuda: sample: vocabulary size %d is outside 1..%d", V, math.MaxInt32/2)
-	}
-	if err := checkOut("ids", ids, tensor.I32, []int{N}); err != nil {
+	N, V, err := rowsShape(ids, logits)
+	if err != nil {
 		return fmt.Errorf("cuda: sample: %w", err)
 	}
 	if err := checkOut("params", params, tensor.I32, []int{N, sampleRowWords}); err != nil {
@@ -125,14 +135,8 @@ func (d *Device) greedyRows(ids, logits, ws *Tensor) error {
 	if err := checkLive(ids, logits); err != nil {
 		return fmt.Errorf("cuda: greedy: %w", err)
 	}
-	if logits.DType != tensor.F32 || len(logits.Shape) != 2 {
-		return fmt.Errorf("cuda: greedy: logits must be f32 [N,V], got %s%v", logits.DType, logits.Shape)
-	}
-	N, V := logits.Shape[0], logits.Shape[1]
-	if V <= 0 || V > math.MaxInt32/2 {
-		return fmt.Errorf("cuda: greedy: vocabulary size %d is outside 1..%d", V, math.MaxInt32/2)
-	}
-	if err := checkOut("ids", ids, tensor.I32, []int{N}); err != nil {
+	N, V, err := rowsShape(ids, logits)
+	if err != nil {
 		return fmt.Errorf("cuda: greedy: %w", err)
 	}
 	chunks := greedyChunks(N, V)
@@ -143,7 +147,7 @@ func (d *Device) greedyRows(ids, logits, ws *Tensor) error {
 		return nil
 	}
 	chunk := (V + chunks - 1) / chunks
-	err := d.launch("sample.cu", "greedy_partial", cubind.Dim3{X: chunks, Y: N, Z: 1}, cubind.Dim3{X: 256, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
+	err = d.launch("sample.cu", "greedy_partial", cubind.Dim3{X: chunks, Y: N, Z: 1}, cubind.Dim3{X: 256, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
 		a.Ptr(ws.ptr).Ptr(logits.ptr).I32(int32(V)).I32(int32(chunk))
 	})
 	if err != nil {
