@@ -972,6 +972,40 @@ func TestPeerKernelsCompile(t *testing.T) {
 	}
 }
 
+// TestPeerConstantsMatchKernels checks the constants peer.go and kernels/allreduce.cu both
+// state (the layout of a rank's allocation, the limits, the empty mark), read from the
+// kernel source's #defines.
+func TestPeerConstantsMatchKernels(t *testing.T) {
+	src, err := kernelFS.ReadFile("kernels/allreduce.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defines := map[string]uint64{}
+	for _, line := range strings.Split(string(src), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "#define" {
+			continue
+		}
+		if v, err := strconv.ParseUint(strings.TrimSuffix(f[2], "u"), 0, 64); err == nil {
+			defines[f[1]] = v
+		}
+	}
+	for _, c := range []struct {
+		define string
+		goVal  uint64
+	}{
+		{"AR_MAX_RANKS", PeerMaxRanks},
+		{"AR_MAX_BLOCKS", peerMaxBlocks},
+		{"AR_DATA_OFFSET", peerDataOffset},
+		{"AR_BUFFERS", peerBuffers},
+		{"AR_EMPTY32", peerEmpty},
+	} {
+		if v, ok := defines[c.define]; !ok || v != c.goVal {
+			t.Errorf("allreduce.cu: %s = %d (defined: %v), peer.go has %d", c.define, v, ok, c.goVal)
+		}
+	}
+}
+
 // TestPeerDesc checks the exchanged description's round trip and the kernel argument layout.
 func TestPeerDesc(t *testing.T) {
 	p := peerDesc{rank: 1, size: 2, maxBytes: 1 << 20, pid: 4242, busID: "0000:19:00.0"}
