@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -12,10 +13,7 @@ import (
 func TestProcessEnv(t *testing.T) {
 	full := map[string]string{"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 	with := func(k, v string) map[string]string {
-		m := map[string]string{}
-		for key, val := range full {
-			m[key] = val
-		}
+		m := maps.Clone(full)
 		if v == "" {
 			delete(m, k)
 		} else {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -31,10 +32,7 @@ func freePort(t *testing.T) int {
 func TestParseEnv(t *testing.T) {
 	full := map[string]string{"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 	with := func(k, v string) map[string]string {
-		m := map[string]string{}
-		for a, b := range full {
-			m[a] = b
-		}
+		m := maps.Clone(full)
 		if v == "-" {
 			delete(m, k)
 		} else {
