@@ -410,7 +410,7 @@ func (r ncclRank) ReduceScatter(g dist.Group, send, recv cubind.DevicePtr, recvC
 	return c.ReduceScatter(send, recv, recvCount, dt, op, s)
 }
 
-func (r ncclRank) Sync(ctx context.Context, s cubind.Stream) error { return r.w.Sync(ctx, s) }
+func (r ncclRank) Wait(ctx context.Context, done cubind.Event) error { return r.w.WaitEvent(ctx, done) }
 
 // The default KV cache size on a GPU: this fraction of the memory free after loading,
 // keeping cudaReserveBytes back for activations, cuBLAS and captured graphs.

@@ -49,7 +49,12 @@ func (c *deviceClock) add() {
 		return
 	}
 	c.recorded = false
-	d, err := cubind.Elapsed(c.begin, c.end)
+	c.addSpan(c.begin, c.end)
+}
+
+// addSpan counts a run timed by its own events, once the stream has passed end.
+func (c *deviceClock) addSpan(begin, end cubind.Event) {
+	d, err := cubind.Elapsed(begin, end)
 	if err != nil {
 		return
 	}

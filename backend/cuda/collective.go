@@ -19,13 +19,13 @@ import (
 
 // Collectives is one rank's communicator as a Program's collective ops call it: each call
 // queues work on stream s over device buffers, for the ranks of group g (as dist.Mesh.Group
-// gives them). Sync waits for the work queued on s, and must report a failed or missing
-// peer within a timeout instead of waiting forever.
+// gives them). Wait waits for the work queued on the rank's stream before the event done,
+// and must report a failed or missing peer within a timeout instead of waiting forever.
 type Collectives interface {
 	AllReduce(g dist.Group, send, recv cubind.DevicePtr, count int, dt tensor.DType, op dist.ReduceOp, s cubind.Stream) error
 	AllGather(g dist.Group, send, recv cubind.DevicePtr, sendCount int, dt tensor.DType, s cubind.Stream) error
 	ReduceScatter(g dist.Group, send, recv cubind.DevicePtr, recvCount int, dt tensor.DType, op dist.ReduceOp, s cubind.Stream) error
-	Sync(ctx context.Context, s cubind.Stream) error
+	Wait(ctx context.Context, done cubind.Event) error
 }
 
 // OneShotMaxBytes is the largest all-reduce (bytes per rank) that allreduce_strategy auto
@@ -221,7 +221,17 @@ func (p *Program) syncCollectives(ctx context.Context) error {
 	if p.comm == nil || !p.hasCollectives {
 		return nil
 	}
-	if err := p.comm.Sync(ctx, p.dev.stream); err != nil {
+	if p.synced == 0 {
+		e, err := cubind.EventCreate(cubind.EventDisableTiming)
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", p.rank, err)
+		}
+		p.synced = e
+	}
+	if err := p.synced.Record(p.dev.stream); err != nil {
+		return fmt.Errorf("rank %d: %w", p.rank, err)
+	}
+	if err := p.comm.Wait(ctx, p.synced); err != nil {
 		return errors.Join(fmt.Errorf("rank %d", p.rank), err)
 	}
 	return nil

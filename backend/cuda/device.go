@@ -335,16 +335,22 @@ func (d *Device) sync() error {
 	if err := d.stream.Synchronize(); err != nil {
 		return fmt.Errorf("cuda: sync: %w", err)
 	}
-	if w[0] != 0 {
-		if err := cubind.MemsetD32Async(d.errWord, 0, 4, d.stream); err != nil {
-			return fmt.Errorf("cuda: sync: %w", err)
-		}
-		if err := pagedError(w); err != nil {
-			return err
-		}
-		return fmt.Errorf("cuda: embedding: id %d (at position %d) is out of range for an embedding table of %d rows", w[1], w[2], w[3])
+	return d.wordError(w)
+}
+
+// wordError turns a copy of the error word into the error it reports (nil for none) and,
+// for an error, clears the word on the stream so that the next run starts clean.
+func (d *Device) wordError(w [4]int32) error {
+	if w[0] == 0 {
+		return nil
 	}
-	return nil
+	if err := cubind.MemsetD32Async(d.errWord, 0, 4, d.stream); err != nil {
+		return fmt.Errorf("cuda: sync: %w", err)
+	}
+	if err := pagedError(w); err != nil {
+		return err
+	}
+	return fmt.Errorf("cuda: embedding: id %d (at position %d) is out of range for an embedding table of %d rows", w[1], w[2], w[3])
 }
 
 // Tensor is a dense, row-major tensor in device memory. A tensor from Alloc or Upload owns

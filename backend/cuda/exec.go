@@ -184,6 +184,10 @@ type Program struct {
 	// busy times each run's kernels on the device (from before the inputs are copied in
 	// to after the last step), for DeviceTime.
 	busy deviceClock
+	// synced marks the end of a run that syncCollectives waits for; launches holds what
+	// Launch keeps between launches.
+	synced   cubind.Event
+	launches launchState
 
 	// Folded counts the nodes evaluated at compile time.
 	Folded int
@@ -515,6 +519,11 @@ func (p *Program) Close() error {
 			errs = append(errs, p.prof.close())
 		}
 		p.busy.destroy()
+		errs = append(errs, p.launches.release(p.dev))
+		if p.synced != 0 {
+			errs = append(errs, p.synced.Destroy())
+			p.synced = 0
+		}
 		p.plans = map[string]*memPlan{}
 		return errors.Join(errs...)
 	})
@@ -771,14 +780,8 @@ func (p *Program) execute(ctx context.Context, inputs map[string]*tensor.Tensor,
 // steps; it returns every value's device tensor by slot.
 func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tensor.Tensor) ([]*Tensor, error) {
 	d := p.dev
-	if p.arena == nil || int64(p.arena.Bytes()) < pl.size {
-		d.Free(p.arena)
-		p.arena = nil
-		a, err := d.allocTensor(tensor.Bool, []int{int(max(pl.size, 1))}) // a byte buffer
-		if err != nil {
-			return nil, err
-		}
-		p.arena = a
+	if err := p.ensureArena(pl); err != nil {
+		return nil, err
 	}
 	vals := p.layout(pl)
 	for _, s := range p.inputs {
@@ -794,6 +797,22 @@ func (p *Program) run(ctx context.Context, pl *memPlan, inputs map[string]*tenso
 		return nil, err
 	}
 	return vals, nil
+}
+
+// ensureArena grows the arena to what plan pl needs. Work queued on the old one runs first
+// (one stream), so it can be freed at once.
+func (p *Program) ensureArena(pl *memPlan) error {
+	if p.arena != nil && int64(p.arena.Bytes()) >= pl.size {
+		return nil
+	}
+	p.dev.Free(p.arena)
+	p.arena = nil
+	a, err := p.dev.allocTensor(tensor.Bool, []int{int(max(pl.size, 1))}) // a byte buffer
+	if err != nil {
+		return err
+	}
+	p.arena = a
+	return nil
 }
 
 // runSteps queues the steps of a run whose values are laid out in vals: eagerly, or by

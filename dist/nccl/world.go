@@ -301,16 +301,26 @@ func (w *World) Sync(ctx context.Context, s cubind.Stream) error {
 	if err := w.event.Record(s); err != nil {
 		return w.syncErr(fmt.Errorf("record an event on the stream: %w", err))
 	}
+	return w.WaitEvent(ctx, w.event)
+}
+
+// WaitEvent is Sync up to an event recorded earlier on the rank's stream: it waits until
+// the work before done has finished, with Sync's watch and errors, and lets work queued
+// after done go on (a step queued behind the one being waited for).
+func (w *World) WaitEvent(ctx context.Context, done cubind.Event) error {
+	if err := w.usable(); err != nil {
+		return w.syncErr(err)
+	}
 	start := time.Now()
 	deadline := start.Add(w.opts.Timeout)
 	var failedAt time.Time
 	wait := pollStart
 	for i := 0; ; i++ {
-		done, err := w.event.Done()
+		finished, err := done.Done()
 		if err != nil {
 			return w.syncErr(w.abort(fmt.Errorf("the stream failed: %w", err)))
 		}
-		if done {
+		if finished {
 			return nil
 		}
 		spinning := time.Since(start) < spinFor
