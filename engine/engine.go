@@ -60,6 +60,10 @@ type Options struct {
 	// HostSampling makes every token be chosen on the host from logits brought back, even
 	// when the executable could sample on its device (see deviceSampler).
 	HostSampling bool
+	// SyncSteps waits for each step's tokens before queuing the next. By default, when the
+	// device chooses the tokens, the next decode step is queued while the current one runs
+	// (see overlap.go), so that the device does not wait for the host between steps.
+	SyncSteps bool
 	// MaxQueue is the most requests waiting to start (default 1024).
 	MaxQueue int
 	// Logger receives the engine's messages (default slog.Default()).
@@ -101,6 +105,11 @@ type Engine struct {
 	layout Layout
 	ranks  *rankSet
 	alloc  *kvcache.Allocator
+	// launchers are the ranks' stepLaunchers when every rank has one (else nil): steps
+	// that sample on the device are then queued and collected apart (see overlap.go).
+	launchers []stepLauncher
+	// lastCollect is when the loop last finished collecting a step.
+	lastCollect time.Time
 
 	mu       sync.Mutex
 	waiting  []*sequence // FIFO; preempted sequences go back to the front
@@ -133,6 +142,7 @@ type sequence struct {
 	promptLen int
 	computed  int // tokens whose keys and values are in the cache
 	started   bool
+	finished  bool // finishLocked has ended it
 }
 
 func (s *sequence) generated() int { return len(s.tokens) - s.promptLen }
@@ -230,6 +240,9 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 		opts: opts, log: opts.Logger, info: info, layout: layout, ranks: rs, alloc: alloc,
 		space: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{}),
 		loopCtx: loopCtx, stopLoop: stop,
+	}
+	if layout.LogitRows && !opts.HostSampling {
+		e.launchers = rs.launchers()
 	}
 	e.log.Info("engine started", "model", info.Name, "ranks", len(ranks), "kv_blocks", blocks, "block_size", bs,
 		"kv_bytes_per_rank", int64(blocks)*blockBytes, "max_batch", opts.MaxBatch, "max_tokens_per_step", opts.MaxTokensPerStep)
@@ -483,11 +496,20 @@ func (e *Engine) signal() {
 	}
 }
 
-// loop is the step loop: schedule, run, repeat; wait when there is nothing to do.
+// loop is the step loop: schedule, launch, collect, repeat; wait when there is nothing to
+// do. While a step runs on the device, the next one may be launched ahead of its tokens
+// (launchAhead); the scheduler runs only when no step is in flight.
 func (e *Engine) loop() {
 	defer close(e.done)
 	defer e.stopLoop()
+	var cur *flight
 	for {
+		if cur != nil {
+			next := e.launchAhead(cur)
+			e.collect(cur)
+			cur = next
+			continue
+		}
 		plan, exit := e.schedule()
 		if exit {
 			e.log.Info("engine stopped", "model", e.info.Name, "steps", e.steps.Load())
@@ -502,30 +524,80 @@ func (e *Engine) loop() {
 			}
 			continue
 		}
-		e.step(plan)
+		cur = e.launch(plan)
 	}
 }
 
-// step runs one planned step and delivers its results.
-func (e *Engine) step(plan []stepSeq) {
-	start := time.Now()
-	seqs := make([]*sequence, len(plan))
+// flight is a step launched and not yet collected.
+type flight struct {
+	plan  []stepSeq
+	seqs  []*sequence
+	draws []sample.DeviceDraw // the device's choices, or nil: the host samples the logits
+	start time.Time
+	// ahead is set for a step launched before the previous step's tokens were known.
+	ahead bool
+	// ranks is the step queued on every rank's device; without launchers the step ran when
+	// launched, and logits, ids and err hold its outcome (see runStep).
+	ranks  *rankFlight
+	logits [][]float32
+	ids    []int32
+	err    error
+}
+
+// launch starts one planned step: queued on the ranks' devices when they sample there,
+// else run to the end.
+func (e *Engine) launch(plan []stepSeq) *flight {
+	f := &flight{plan: plan, seqs: make([]*sequence, len(plan)), start: time.Now()}
 	e.mu.Lock()
 	for i, p := range plan {
-		seqs[i] = e.byID(p.seq)
+		f.seqs[i] = e.byID(p.seq)
 	}
 	e.mu.Unlock()
-	draws := e.deviceDraws(plan, seqs)
-	logits, ids, err := e.runStep(plan, draws)
+	f.draws = e.deviceDraws(plan, f.seqs)
+	if f.draws == nil || e.launchers == nil {
+		f.logits, f.ids, f.err = e.runStep(plan, f.draws)
+		return f
+	}
+	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
+	if err != nil {
+		f.err = err
+		return f
+	}
+	f.ranks = e.ranks.launch(e.loopCtx, e.launchers, in, f.draws, false)
+	return f
+}
+
+// collect waits for a launched step and delivers its results: each sequence that finished
+// its prompt takes its next token. The rows of sequences that ended since an ahead step
+// was launched are dropped.
+func (e *Engine) collect(f *flight) {
+	start := f.start
+	if f.ahead {
+		start = e.lastCollect
+	}
+	logits, ids, err := f.logits, f.ids, f.err
+	if f.ranks != nil {
+		ids, err = e.ranks.wait(e.loopCtx, f.ranks)
+		if err == nil && len(ids) != len(f.plan) {
+			err = fmt.Errorf("the device sampler returned %d tokens for %d sequences", len(ids), len(f.plan))
+		}
+		if err != nil && e.loopCtx.Err() != nil {
+			err = ErrClosed
+		}
+	}
 	e.steps.Add(1)
 	modelDone := time.Now()
+	plan := f.plan
 	// Each sequence that finished its prompt samples its next token. Samplers belong to
 	// their sequences, so they run concurrently (a row of a large vocabulary takes a while).
 	results := make([]stepResult, len(plan))
 	tokens, sampled := 0, 0
 	var wg sync.WaitGroup
 	for i, p := range plan {
-		s := seqs[i]
+		s := f.seqs[i]
+		if s == nil || s.finished || (f.ahead && s.ctx.Err() != nil) {
+			continue // ended since the step was launched ahead: its row is dropped
+		}
 		tokens += p.n
 		if err != nil {
 			results[i] = stepResult{s, Event{Finish: FinishError, Err: fmt.Errorf("step: %w", err)}, FinishError}
@@ -569,12 +641,13 @@ func (e *Engine) step(plan []stepSeq) {
 		r.ev.PromptTokens, r.ev.GeneratedTokens = r.s.promptLen, r.s.generated()
 		e.finishLocked(r.s, r.ev)
 	}
+	e.lastCollect = time.Now()
 	e.counters.ModelSeconds += modelDone.Sub(start).Seconds()
 	e.counters.SampleSeconds += sampleDone.Sub(modelDone).Seconds()
-	e.counters.StepSeconds += time.Since(start).Seconds()
+	e.counters.StepSeconds += e.lastCollect.Sub(start).Seconds()
 	e.mu.Unlock()
-	e.log.Debug("engine step", "sequences", len(plan), "tokens", tokens, "sampled", sampled,
-		"kv_blocks_used", e.alloc.Stats().Used, "elapsed", time.Since(start), "error", err)
+	e.log.Debug("engine step", "sequences", len(plan), "tokens", tokens, "sampled", sampled, "ahead", f.ahead,
+		"kv_blocks_used", e.alloc.Stats().Used, "elapsed", e.lastCollect.Sub(start), "error", err)
 }
 
 // stepResult is what a step gives one sequence: its event and how it ends (FinishNone: it
@@ -685,7 +758,7 @@ func runDiscard(ctx context.Context, exe Executable, inputs map[string]*tensor.T
 // device and every sequence that takes a token this step can be sampled there (see
 // sample.Sampler.DeviceDraw); otherwise nil, and the step brings the logits back.
 func (e *Engine) deviceDraws(plan []stepSeq, seqs []*sequence) []sample.DeviceDraw {
-	if _, ok := e.ranks.ranks[0].Exe.(deviceSampler); !ok || !e.layout.LogitRows || e.opts.HostSampling {
+	if _, ok := e.ranks.ranks[0].Exe.(deviceSampler); (!ok && e.launchers == nil) || !e.layout.LogitRows || e.opts.HostSampling {
 		return nil
 	}
 	draws := make([]sample.DeviceDraw, len(plan))
@@ -715,6 +788,7 @@ func (e *Engine) byID(id kvcache.SeqID) *sequence {
 // finishLocked ends a sequence: it sends the final event, frees its blocks and removes it
 // from the queues. The caller holds e.mu.
 func (e *Engine) finishLocked(s *sequence, ev Event) {
+	s.finished = true
 	s.stream.push(ev)
 	s.stopWatch()
 	e.alloc.Free(s.id)

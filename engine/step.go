@@ -95,6 +95,9 @@ type stepSeq struct {
 	tokens []int // the whole sequence so far (prompt and generated)
 	from   int
 	n      int
+	// fed marks a step launched ahead: its one token, at from = len(tokens), is not known
+	// yet and comes from the previous step's ids on the device (input_ids holds 0).
+	fed bool
 }
 
 // stepInputs builds the shared inputs of one step over the flattened tokens of seqs, each
@@ -124,7 +127,11 @@ func stepInputs(alloc *kvcache.Allocator, seqs []stepSeq, withRows bool) (map[st
 			if err != nil {
 				return nil, err
 			}
-			ids, pos = append(ids, int32(s.tokens[p])), append(pos, int32(p))
+			id := int32(0)
+			if !s.fed || p < len(s.tokens) {
+				id = int32(s.tokens[p])
+			}
+			ids, pos = append(ids, id), append(pos, int32(p))
 			slots, owner = append(slots, slot), append(owner, int32(i))
 		}
 	}

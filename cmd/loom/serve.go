@@ -34,6 +34,7 @@ type engineFlags struct {
 	device       string
 	dtype        string
 	cudaProfile  bool
+	syncSteps    bool
 	transforms   transform.Flags
 }
 
@@ -46,6 +47,7 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 	f.BoolVar(&e.noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline (not servable: the engine needs the paged KV cache)")
 	f.StringVar(&e.device, "device", "auto", "where the model runs: auto (CUDA when a GPU can be used, else the CPU), cpu or cuda")
 	f.BoolVar(&e.cudaProfile, "cuda-profile", false, "time every CUDA kernel (eagerly, without CUDA graphs) and print the GPU time per op on stderr at the end")
+	f.BoolVar(&e.syncSteps, "sync-steps", false, "wait for each step's tokens before queuing the next (by default a decode step is queued while the one before runs on the GPU); for measuring what the overlap gives")
 	f.StringVar(&e.dtype, "dtype", "auto", "activation and KV cache dtype: auto (bf16 on CUDA, f32 on the CPU), bf16 or f32")
 	addTransformFlags(cmd, &e.transforms)
 	addMeshFlags(cmd, &e.ranks)
@@ -74,7 +76,7 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 	}
 	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
-		QueueOnFull: queueOnFull, MaxQueue: maxQueue,
+		QueueOnFull: queueOnFull, MaxQueue: maxQueue, SyncSteps: e.syncSteps,
 	}
 	if env, multi, err := processEnv(os.LookupEnv); err != nil {
 		return nil, nil, nil, err
