@@ -58,6 +58,9 @@ type Stats struct {
 	PromptTokensTotal      int64
 	GeneratedTokensTotal   int64
 	PreemptionsTotal       int64
+	// AheadStepsTotal counts the steps launched before the previous step's tokens were
+	// known (see Options.SyncSteps).
+	AheadStepsTotal int64
 	// StepSeconds is the time spent in steps; ModelSeconds the part of it running the model
 	// (inputs, executables, logits), SampleSeconds the part choosing tokens.
 	StepSeconds, ModelSeconds, SampleSeconds float64

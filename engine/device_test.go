@@ -358,3 +358,58 @@ func TestCUDASynthTP2MatchesTP1(t *testing.T) {
 		sameUpToTie(t, fmt.Sprintf("prompt %d tp=2 vs tp=1", i), two[i], one[i], margins)
 	}
 }
+
+// TestCUDAOverlappedSteps: with steps launched ahead of their tokens (the default), the CUDA
+// engine gives the tokens it gives with SyncSteps, at tp=1 and tp=2 (each rank sampling and
+// feeding itself): greedy requests, one ended early by a stop token while a step ahead is
+// in flight, and seeded sampling (the step ahead draws with the next counter).
+func TestCUDAOverlappedSteps(t *testing.T) {
+	needGPUs(t, 2)
+	dir := filepath.Join("..", "testdata", "tiny-llama")
+	reqs := []Request{
+		{Prompt: []int{1, 2, 3}, MaxTokens: 20, IgnoreEOS: true},
+		{Prompt: []int{9, 8, 7, 6, 5}, MaxTokens: 7, IgnoreEOS: true},
+		{Prompt: []int{4, 4, 4, 4}, MaxTokens: 16, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, TopP: 0.95, Seed: 7}},
+		{Prompt: []int{3, 1, 4, 1, 5}, MaxTokens: 16, IgnoreEOS: true, Sampling: sample.Params{Temperature: 1.2, TopK: 20, Seed: 11}},
+	}
+	for _, spec := range []string{"", "tp=2"} {
+		t.Run("mesh "+spec, func(t *testing.T) {
+			opts := LoadOptions{Optimize: true, PagedCache: true, ActivationDType: tensor.F32}
+			if spec != "" {
+				mesh, err := dist.ParseMesh(spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts.Mesh = mesh
+			}
+			m, err := LoadCUDA(context.Background(), dir, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			run := func(sync bool, rs []Request) ([][]int, Stats) {
+				e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet, SyncSteps: sync})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				got := generateAll(t, e, rs)
+				return got, e.Stats()
+			}
+			want, _ := run(true, reqs)
+			rs := slices.Clone(reqs)
+			rs[0].StopTokenIDs = []int{want[0][5]}
+			want, _ = run(true, rs)
+			if len(want[0]) >= rs[0].MaxTokens {
+				t.Fatalf("the stop token %d did not end request 0 early: %v", rs[0].StopTokenIDs[0], want[0])
+			}
+			got, st := run(false, rs)
+			if !slices.EqualFunc(got, want, slices.Equal) {
+				t.Errorf("overlapped steps: tokens %v, want (sync steps) %v", got, want)
+			}
+			if st.KVBlocksUsed != 0 || st.Running != 0 || st.AheadStepsTotal < 10 {
+				t.Errorf("after the requests: %+v; want no blocks in use and steps launched ahead", st)
+			}
+		})
+	}
+}

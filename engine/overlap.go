@@ -189,6 +189,9 @@ func (e *Engine) launchAhead(cur *flight) *flight {
 	var err error
 	if ok {
 		in, err = stepInputs(e.alloc, plan, e.layout.LogitRows)
+		if err == nil {
+			e.counters.AheadStepsTotal++
+		}
 	}
 	e.mu.Unlock()
 	if !ok || err != nil {

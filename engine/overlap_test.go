@@ -147,8 +147,8 @@ func TestOverlappedSteps(t *testing.T) {
 			}
 			for r, l := range ls {
 				fed := l.fed.Load()
-				if tc.sync && fed != 0 || !tc.sync && fed < 10 {
-					t.Errorf("rank %d: %d of %d steps launched ahead (sync steps: %v)", r, fed, l.launched.Load(), tc.sync)
+				if tc.sync && fed != 0 || !tc.sync && fed < 10 || int64(fed) != e.Stats().AheadStepsTotal {
+					t.Errorf("rank %d: %d of %d steps launched ahead, the engine counts %d (sync steps: %v)", r, fed, l.launched.Load(), e.Stats().AheadStepsTotal, tc.sync)
 				}
 			}
 		})

@@ -74,6 +74,7 @@ var (
 	descKVUse   = prometheus.NewDesc("loom_kv_cache_usage_ratio", "Fraction of the paged KV cache in use (0 to 1).", nil, nil)
 	descSteps   = prometheus.NewDesc("loom_engine_steps_total", "Engine steps run.", nil, nil)
 	descPreempt = prometheus.NewDesc("loom_engine_preemptions_total", "Requests preempted for lack of KV cache blocks.", nil, nil)
+	descAhead   = prometheus.NewDesc("loom_engine_ahead_steps_total", "Engine steps launched before the previous step's tokens reached the host.", nil, nil)
 	descEngGen  = prometheus.NewDesc("loom_engine_generated_tokens_total", "Tokens the engine generated (including those of requests cancelled later).", nil, nil)
 	descEngProm = prometheus.NewDesc("loom_engine_prompt_tokens_total", "Prompt tokens the engine computed (including recomputation after preemption).", nil, nil)
 	descStepSec = prometheus.NewDesc("loom_engine_step_seconds_total", "Time the engine spent in steps.", nil, nil)
@@ -84,7 +85,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descEngGen, descEngProm, descStepSec, descModSec, descSampSec, descDevSec} {
+	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descAhead, descEngGen, descEngProm, descStepSec, descModSec, descSampSec, descDevSec} {
 		ch <- d
 	}
 }
@@ -103,6 +104,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	constMetric(ch, descKVUse, prometheus.GaugeValue, use)
 	constMetric(ch, descSteps, prometheus.CounterValue, float64(st.StepsTotal))
 	constMetric(ch, descPreempt, prometheus.CounterValue, float64(st.PreemptionsTotal))
+	constMetric(ch, descAhead, prometheus.CounterValue, float64(st.AheadStepsTotal))
 	constMetric(ch, descEngGen, prometheus.CounterValue, float64(st.GeneratedTokensTotal))
 	constMetric(ch, descEngProm, prometheus.CounterValue, float64(st.PromptTokensTotal))
 	constMetric(ch, descStepSec, prometheus.CounterValue, st.StepSeconds)

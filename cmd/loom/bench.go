@@ -192,8 +192,8 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 					if st.DeviceSeconds > 0 {
 						gpu = fmt.Sprintf(" (GPU %.2f ms)", 1e3*st.DeviceSeconds/n)
 					}
-					fmt.Fprintf(out, "\nengine: %d steps, %.2f ms each: model %.2f ms%s, sampling %.2f ms, other %.2f ms\n", st.TimedSteps,
-						1e3*st.StepSeconds/n, 1e3*st.ModelSeconds/n, gpu, 1e3*st.SampleSeconds/n, 1e3*(st.StepSeconds-st.ModelSeconds-st.SampleSeconds)/n)
+					fmt.Fprintf(out, "\nengine: %d steps (%d launched ahead of their tokens in all), %.2f ms each: model %.2f ms%s, sampling %.2f ms, other %.2f ms\n",
+						st.TimedSteps, st.AheadStepsTotal, 1e3*st.StepSeconds/n, 1e3*st.ModelSeconds/n, gpu, 1e3*st.SampleSeconds/n, 1e3*(st.StepSeconds-st.ModelSeconds-st.SampleSeconds)/n)
 				}
 			}
 			if base != nil {
