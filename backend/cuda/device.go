@@ -42,6 +42,11 @@ type Device struct {
 	blasWork *block
 	// pdl: launch the kernels of pdlFiles with programmatic dependent launch (usePDL).
 	pdl bool
+	// copied is set when a copy or memset was queued after the last kernel: the next kernel
+	// then launches without PDL. Its pdl_wait waits for the kernel before it, not for the
+	// copy, which it could otherwise overtake (seen with inputs staged in pinned memory,
+	// whose copies the DMA engines run while the kernel starts).
+	copied bool
 	// gemmTune holds the cuBLASLt handle and the GEMM algorithm chosen per shape
 	// (gemm_tune.go); nil until linear first tunes.
 	gemmTune *gemmTuner
@@ -314,9 +319,10 @@ func (d *Device) launchX(file, extra, name string, grid, block cubind.Dim3, shar
 	d.args.Reset()
 	args(&d.args)
 	launch := cubind.LaunchKernel
-	if d.pdl && pdlFiles[file] {
+	if d.pdl && pdlFiles[file] && !d.copied {
 		launch = cubind.LaunchKernelPDL
 	}
+	d.copied = false
 	if err := launch(f, grid, block, shared, d.stream, &d.args); err != nil {
 		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
@@ -344,6 +350,7 @@ func (d *Device) wordError(w [4]int32) error {
 	if w[0] == 0 {
 		return nil
 	}
+	d.copied = true
 	if err := cubind.MemsetD32Async(d.errWord, 0, 4, d.stream); err != nil {
 		return fmt.Errorf("cuda: sync: %w", err)
 	}
@@ -469,6 +476,7 @@ func (d *Device) upload(h *tensor.Tensor) (*Tensor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: upload %s%v: %w", h.DType, h.Shape, err)
 	}
+	d.copied = true
 	if err := cubind.MemcpyHtoDAsync(t.ptr, hostBytes(h), d.stream); err != nil {
 		d.Free(t)
 		return nil, fmt.Errorf("cuda: upload %s%v: %w", h.DType, h.Shape, err)

@@ -99,6 +99,7 @@ func copyIn(d *Device, dst *Tensor, h *tensor.Tensor) error {
 	if h.DType.Size()*h.Numel() != dst.Bytes() {
 		return fmt.Errorf("holds %d bytes, its slot %d", h.DType.Size()*h.Numel(), dst.Bytes())
 	}
+	d.copied = true
 	return cubind.MemcpyHtoDAsync(dst.ptr, hostBytes(h), d.stream)
 }
 

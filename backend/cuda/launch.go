@@ -188,6 +188,7 @@ func (p *Program) launch(ctx context.Context, pl *memPlan, inputs map[string]*te
 		}
 	}
 	slot.clocked = slot.begin.Record(d.stream) == nil
+	d.copied = true
 	if feed >= 0 {
 		if in := vals[feed]; in.DType != tensor.I32 || ls.last == nil || ls.lastN != in.Numel() {
 			return fmt.Errorf("feed input_ids %s%v from the previous launch's %d sampled ids: want i32 and as many", in.DType, in.Shape, ls.lastN)
@@ -262,10 +263,7 @@ func (p *Program) queueSample(slot *launchSlot, rows *Tensor, N, V int, draws []
 		}
 		slot.ids = t
 	}
-	ids, err := slot.ids.View(N)
-	if err != nil {
-		return err
-	}
+	ids := &Tensor{DType: tensor.I32, Shape: []int{N}, ptr: slot.ids.ptr, dev: d} // its first N
 	if need := max(SampleWorkspace(N, V), 1); ls.ws == nil || int64(ls.ws.Bytes()) < need {
 		d.Free(ls.ws)
 		ls.ws = nil
