@@ -369,8 +369,8 @@ func TestCUDAOverlappedSteps(t *testing.T) {
 	reqs := []Request{
 		{Prompt: []int{1, 2, 3}, MaxTokens: 20, IgnoreEOS: true},
 		{Prompt: []int{9, 8, 7, 6, 5}, MaxTokens: 7, IgnoreEOS: true},
-		{Prompt: []int{4, 4, 4, 4}, MaxTokens: 16, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, TopP: 0.95, Seed: 7}},
-		{Prompt: []int{3, 1, 4, 1, 5}, MaxTokens: 16, IgnoreEOS: true, Sampling: sample.Params{Temperature: 1.2, TopK: 20, Seed: 11}},
+		{Prompt: []int{4, 4, 4, 4}, MaxTokens: 16, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, TopP: 0.95, Seed: 7, HasSeed: true}},
+		{Prompt: []int{3, 1, 4, 1, 5}, MaxTokens: 16, IgnoreEOS: true, Sampling: sample.Params{Temperature: 1.2, TopK: 20, Seed: 11, HasSeed: true}},
 	}
 	for _, spec := range []string{"", "tp=2"} {
 		t.Run("mesh "+spec, func(t *testing.T) {
