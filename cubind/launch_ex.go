@@ -78,3 +78,49 @@ func LaunchKernelPDL(f Function, grid, block Dim3, sharedMem int, s Stream, args
 	}
 	return nil
 }
+
+// launchAttrClusterDimension is CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: the value union
+// starts with the cluster's x, y, z (unsigned).
+const launchAttrClusterDimension = 4
+
+// LaunchKernelCluster launches f (compute capability 9.0 and later) in thread-block
+// clusters of cluster blocks (the grid a multiple of it in each dimension), with
+// programmatic stream serialization allowed when pdl is set (see LaunchKernelPDL). Without
+// cuLaunchKernelEx in the driver it returns an error.
+func LaunchKernelCluster(f Function, grid, block, cluster Dim3, sharedMem int, s Stream, args *Args, pdl bool) error {
+	if err := loadDriver(); err != nil {
+		return err
+	}
+	if fnLaunchKernelEx == nil {
+		return fmt.Errorf("cuLaunchKernelEx: not in the driver library %s", driverLib.Path)
+	}
+	var params unsafe.Pointer
+	if args != nil {
+		var err error
+		if params, err = args.params(); err != nil {
+			return fmt.Errorf("cuLaunchKernelEx: %w", err)
+		}
+	}
+	attrs := &[2]launchAttribute{{id: launchAttrClusterDimension}, {id: launchAttrProgrammaticStreamSerialization}}
+	for i, v := range []int{cluster.X, cluster.Y, cluster.Z} {
+		*(*uint32)(unsafe.Pointer(&attrs[0].value[4*i])) = uint32(v)
+	}
+	attrs[1].value[0] = 1
+	n := uint32(1)
+	if pdl {
+		n = 2
+	}
+	cfg := &launchConfig{
+		gridX: uint32(grid.X), gridY: uint32(grid.Y), gridZ: uint32(grid.Z),
+		blockX: uint32(block.X), blockY: uint32(block.Y), blockZ: uint32(block.Z),
+		sharedMem: uint32(sharedMem), stream: uintptr(s), attrs: &attrs[0], numAttrs: n,
+	}
+	rc := fnLaunchKernelEx(cfg, uintptr(f), params, nil)
+	runtime.KeepAlive(args)
+	runtime.KeepAlive(cfg)
+	runtime.KeepAlive(attrs)
+	if rc != 0 {
+		return fmt.Errorf("grid %v block %v cluster %v shared %d: %w", grid, block, cluster, sharedMem, driverErr("cuLaunchKernelEx", rc))
+	}
+	return nil
+}
