@@ -93,14 +93,34 @@ const (
 var decodeFusedWrite = true
 
 // decodeForce, when its warps are set (tests only), replaces the warps and splits of every
-// decode plan (splits at most M).
-var decodeForce struct{ warps, splits int }
+// decode plan (splits at most M), and its u, when set, the keys per lane group and step.
+var decodeForce struct{ warps, splits, u int }
+
+// How the decode kernel merges a context's splits (DEC_MERGE_* in paged.cu): a second
+// kernel (paged_combine) over partials in the workspace; the last block of the splits to
+// finish, counted by tickets the kernel keeps (at most decodeTickets (token, head group)
+// pairs); or a thread-block cluster of the splits through distributed shared memory (at most
+// decodeClusterMax splits, compute capability 9.0 and cuLaunchKernelEx).
+const (
+	mergeCombine = 0
+	mergeTicket  = 1
+	mergeCluster = 2
+
+	decodeTickets    = 4096
+	decodeClusterMax = 8
+)
+
+// decodeMerge, when not -1 (tests only), replaces the merge of every decode plan with splits
+// (a cluster falls back to tickets, and tickets to the combine kernel, where they do not
+// apply).
+var decodeMerge = -1
 
 // decodePlan is the launch configuration of the decode kernel, from shapes only.
 type decodePlan struct {
 	vec, lpr, cpl, gp, u int // template parameters, see paged.cu
 	hgroups, splits      int
 	warps                int // warps per block
+	merge                int // mergeCombine, mergeTicket or mergeCluster, with splits
 	maxb                 int // table entries a split reads at most
 	shared               int // dynamic shared memory in bytes
 }
@@ -139,7 +159,8 @@ func vecElems(D, esize int) int {
 // TestPagedDecodeTimings (LOOM_PAGED_SWEEP=1) found these the fastest for 1 to 16
 // sequences, where a step of latency, not bandwidth, is what a warp costs; splitting
 // costs a second kernel (paged_combine) and the workspace. A block that does not split
-// takes 16 warps when the GPU has room and each warp gets 4 steps of the bound.
+// takes 16 warps when the GPU has room and each warp gets 4 steps of the bound. Two
+// splits merge in a cluster (within decodeMaxShared), more in paged_combine.
 func planDecode(H, KV, S, D, M, BS, esize int) decodePlan {
 	var p decodePlan
 	G := H / KV
@@ -190,19 +211,47 @@ func planDecode(H, KV, S, D, M, BS, esize int) decodePlan {
 	if decodeForce.warps > 0 {
 		p.warps, p.splits = decodeForce.warps, max(1, min(decodeForce.splits, M))
 	}
+	if decodeForce.u > 0 {
+		p.u = decodeForce.u
+	}
+	// Two splits merge through a cluster (H200: 16 sequences at tp=2 heads, 140 positions
+	// 10.2 -> 9.4 µs, 1,024 positions 19.3 -> 18.2); more merge faster in paged_combine (the
+	// cluster's barrier waits for its slowest block, and its blocks must be co-scheduled),
+	// and the tickets measured slower than paged_combine everywhere.
 	p.maxb = (M + p.splits - 1) / p.splits
+	p.merge = mergeCombine
+	if p.splits == 2 {
+		p.merge = mergeCluster
+		if p.sharedFor(p.warps, D, p.maxb) > decodeMaxShared {
+			p.merge = mergeCombine
+		}
+	}
+	if decodeMerge >= 0 && p.splits > 1 {
+		p.merge = decodeMerge
+		if p.merge == mergeCluster && p.splits > decodeClusterMax {
+			p.merge = mergeTicket
+		}
+		if p.merge == mergeTicket && S*KV*p.hgroups > decodeTickets {
+			p.merge = mergeCombine
+		}
+	}
 	p.shared = p.sharedFor(p.warps, D, p.maxb)
 	return p
 }
 
 // sharedFor is the decode kernel's shared memory for blocks of warps warps reading up to
-// maxb table entries (see paged_decode in paged.cu): the entries, the queries [GP][Dp], the
-// warps' work areas and their merge records [GP][D+2].
+// maxb table entries (see paged_decode in paged.cu): the entries, the queries [GP][Dq], the
+// warps' work areas and their merge records [GP][D+2], and with a cluster merge the block's
+// partials [GP][D+2].
 func (p decodePlan) sharedFor(warps, D, maxb int) int {
 	ns := (32 / p.lpr) * p.u * p.gp
 	work := (p.gp+3)/4*4 + (ns+3)/4*4
-	dp := (D + 3) / 4 * 4
-	return (maxb+3)/4*4*4 + (p.gp*dp+warps*work+warps*p.gp*(D+2))*4
+	dq := max((D+3)/4*4, p.lpr*p.cpl*p.vec)
+	recs := warps
+	if p.merge == mergeCluster {
+		recs++
+	}
+	return (maxb+3)/4*4*4 + (p.gp*dq+warps*work+recs*p.gp*(D+2))*4
 }
 
 // pfWarps, pfRows and pfCols mirror PF_WARPS, PF_BR and PF_BC in paged.cu.
@@ -213,7 +262,8 @@ const (
 )
 
 // workspace is the scratch bytes the plan needs: the splits' partials [S][H][splits][D+2]
-// f32 when there is more than one split.
+// f32 when there is more than one split (a cluster merge needs none, but the workspace of a
+// shape does not depend on the device, which may not have clusters).
 func (p decodePlan) workspace(H, S, D int) int64 {
 	if p.splits <= 1 {
 		return 0
@@ -345,20 +395,32 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 			}
 			part = ws.ptr
 		}
+		if p.merge == mergeCluster && !d.pdl {
+			// No cuLaunchKernelEx or an older GPU (d.pdl needs both; with LOOM_CUDA_PDL=0
+			// too): paged_combine merges the splits.
+			p.merge = mergeCombine
+			p.shared = p.sharedFor(p.warps, D, p.maxb)
+		}
 		inst, name := decodeKernel(xn, cn, p)
-		err = d.launchX("paged.cu", inst, name, cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: p.warps * 32, Y: 1, Z: 1}, p.shared, func(a *cubind.Args) {
+		grid, block := cubind.Dim3{X: p.splits, Y: KV * p.hgroups, Z: S}, cubind.Dim3{X: p.warps * 32, Y: 1, Z: 1}
+		args := func(a *cubind.Args) {
 			fw := int32(0)
 			if fused {
 				fw = 1
 			}
 			a.Ptr(out.ptr).Ptr(part).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr).Ptr(k.ptr).Ptr(v.ptr).Ptr(slots.ptr).I32(is64(slots))
 			idx(a)
-			a.I32(int32(p.maxb)).I32(fw).Ptr(d.errWord).I32(tm)
-		})
+			a.I32(int32(p.maxb)).I32(fw).Ptr(d.errWord).I32(tm).I32(int32(p.merge))
+		}
+		if p.merge == mergeCluster {
+			err = d.launchCluster("paged.cu", inst, name, grid, block, cubind.Dim3{X: p.splits, Y: 1, Z: 1}, p.shared, args)
+		} else {
+			err = d.launchX("paged.cu", inst, name, grid, block, p.shared, args)
+		}
 		if err != nil {
 			return fail(err)
 		}
-		if p.splits > 1 {
+		if p.splits > 1 && p.merge == mergeCombine {
 			err = d.launchX("paged.cu", fmt.Sprintf("PAGED_COMBINE(%s, %s)", X, xn), "paged_combine_"+xn,
 				cubind.Dim3{X: H, Y: S, Z: 1}, cubind.Dim3{X: min(128, (D+31)/32*32), Y: 1, Z: 1}, 0, func(a *cubind.Args) {
 					a.Ptr(out.ptr).Ptr(part).I32(int32(H)).I32(int32(S)).I32(int32(D)).I32(int32(p.splits)).I32(tm)
@@ -384,6 +446,29 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 	})
 	if err != nil {
 		return fail(err)
+	}
+	return nil
+}
+
+// launchCluster is launchX for a kernel of pdlFiles launched in thread-block clusters of
+// cluster blocks, with programmatic dependent launch where the device uses it.
+func (d *Device) launchCluster(file, extra, name string, grid, block, cluster cubind.Dim3, shared int, args func(a *cubind.Args)) error {
+	f, err := d.function(file, extra, name)
+	if err != nil {
+		return err
+	}
+	if shared > 48<<10 {
+		if shared > d.info.SharedOptin {
+			return fmt.Errorf("cuda: kernel %s needs %d bytes of shared memory, the device allows %d", name, shared, d.info.SharedOptin)
+		}
+		if err := f.SetMaxDynamicSharedMemory(shared); err != nil {
+			return fmt.Errorf("cuda: kernel %s: %w", name, err)
+		}
+	}
+	d.args.Reset()
+	args(&d.args)
+	if err := cubind.LaunchKernelCluster(f, grid, block, cluster, shared, d.stream, &d.args, d.pdl && pdlFiles[file]); err != nil {
+		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
 	return nil
 }

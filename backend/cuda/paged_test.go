@@ -721,35 +721,58 @@ func TestPagedDecodeTimings(t *testing.T) {
 			ws := pagedWorkspace(t, d, in)
 			p := planDecode(H, KV, l.S, D, l.M, BS, 2)
 			el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0, false) })
-			t.Logf("paged decode H%d KV%d N%-3d ctx %-5d M%-4d %2d warps %2d splits %-9s: %7.1f µs, %5.0f GB/s of K/V", H, KV, tc.N, tc.ctx, l.M, p.warps, p.splits,
-				what, float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
+			t.Logf("paged decode H%d KV%d N%-3d ctx %-5d M%-4d %2d warps %2d splits %s %-9s: %7.1f µs, %5.0f GB/s of K/V", H, KV, tc.N, tc.ctx, l.M, p.warps, p.splits,
+				mergeNames[p.merge], what, float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
 			return el.Seconds()
 		}
+		// The plan, and the plan with its splits merged each way.
 		time1("")
+		for _, mg := range []int{mergeCombine, mergeTicket, mergeCluster} {
+			if decodeMerge = mg; planDecode(H, KV, l.S, D, l.M, BS, 2).splits > 1 {
+				time1("forced")
+			}
+		}
+		decodeMerge = -1
 		decodeFusedWrite = false
 		time1("unfused")
 		decodeFusedWrite = true
-		if os.Getenv("LOOM_PAGED_SWEEP") == "1" {
-			best, bw, bs := math.Inf(1), 0, 0
-			for _, w := range []int{1, 2, 4, 8, 16} {
-				for _, sp := range []int{1, 2, 4, 8, 16, 32, 64} {
-					if sp > l.M || sp > 1 && sp/2 >= l.M {
-						continue
+		if os.Getenv("LOOM_PAGED_SWEEP") == "1" || os.Getenv("LOOM_PAGED_SWEEP") == "small" && tc.N <= 4 {
+			merges := []int{mergeCombine, mergeTicket, mergeCluster}
+			if os.Getenv("LOOM_PAGED_SWEEP") == "small" {
+				merges = []int{mergeCombine, mergeCluster}
+			}
+			us := []int{0}
+			if os.Getenv("LOOM_PAGED_SWEEP") == "small" {
+				us = []int{4, 2}
+			}
+			for _, mg := range merges {
+				for _, u := range us {
+					best, bw, bs := math.Inf(1), 0, 0
+					decodeMerge, decodeForce.u = mg, u
+					for _, w := range []int{1, 2, 4, 8, 16} {
+						for _, sp := range []int{1, 2, 4, 8, 16, 32, 64} {
+							if sp > l.M || sp > 1 && sp/2 >= l.M || mg == mergeCluster && sp > decodeClusterMax {
+								continue
+							}
+							decodeForce.warps, decodeForce.splits = w, sp
+							if planDecode(H, KV, l.S, D, l.M, BS, 2).shared > decodeMaxShared {
+								continue
+							}
+							if el := time1(fmt.Sprintf("sweep u%d", u)); el < best {
+								best, bw, bs = el, w, sp
+							}
+						}
 					}
-					decodeForce.warps, decodeForce.splits = w, sp
-					if planDecode(H, KV, l.S, D, l.M, BS, 2).shared > decodeMaxShared {
-						continue
-					}
-					if el := time1("sweep"); el < best {
-						best, bw, bs = el, w, sp
-					}
+					decodeForce.warps, decodeForce.splits, decodeForce.u = 0, 0, 0
+					decodeMerge = -1
+					t.Logf("paged decode H%d KV%d N%-3d ctx %-5d best %s u%d: %2d warps %2d splits %7.1f µs", H, KV, tc.N, tc.ctx, mergeNames[mg], u, bw, bs, best*1e6)
 				}
 			}
-			decodeForce.warps, decodeForce.splits = 0, 0
-			t.Logf("paged decode H%d KV%d N%-3d ctx %-5d best: %2d warps %2d splits %7.1f µs", H, KV, tc.N, tc.ctx, bw, bs, best*1e6)
 		}
 	}
 }
+
+var mergeNames = map[int]string{mergeCombine: "combine", mergeTicket: "ticket ", mergeCluster: "cluster"}
 
 // A decode step (S <= N) may hold several tokens of one sequence: each sees the keys and
 // values the others of its sequence write in the same step (the fused write takes them
@@ -787,8 +810,11 @@ func TestPagedDecodeSharedSequences(t *testing.T) {
 	}
 }
 
-// The decode kernel is correct under any launch geometry (warps 1 to 16, 1 to 64 splits),
-// which depends on the shapes only: the cases run with every plan forced.
+// The decode kernel is correct under any launch geometry (warps 1 to 16, 1 to 64 splits, two
+// or four keys per lane group and step),
+// which depends on the shapes only, and with each way of merging the splits (paged_combine,
+// the last block by tickets, a cluster through distributed shared memory): the cases run
+// with every plan forced.
 func TestPagedDecodeForcedPlansMatchCPU(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 67))
 	cases := []pagedCase{
@@ -803,13 +829,33 @@ func TestPagedDecodeForcedPlansMatchCPU(t *testing.T) {
 		extras = append(extras, c.kernels()...)
 	}
 	precompile(t, d, "paged.cu", extras)
-	defer func() { decodeForce.warps, decodeForce.splits = 0, 0 }()
-	for _, w := range []int{1, 2, 4, 8, 16} {
-		for _, sp := range []int{1, 3, 16, 64} {
-			decodeForce.warps, decodeForce.splits = w, sp
-			for _, c := range cases {
-				c.name = fmt.Sprintf("%s, %d warps %d splits", c.name, w, sp)
-				c.run(t, d, rng)
+	defer func() { decodeForce.warps, decodeForce.splits, decodeForce.u, decodeMerge = 0, 0, 0, -1 }()
+	for _, mg := range []int{mergeCombine, mergeTicket, mergeCluster} {
+		decodeMerge = mg
+		for _, w := range []int{1, 2, 4, 8, 16} {
+			for _, sp := range []int{1, 2, 3, 8, 16, 64} {
+				if mg == mergeCluster && sp > decodeClusterMax {
+					continue
+				}
+				decodeForce.warps, decodeForce.splits = w, sp
+				for _, c := range cases {
+					c.name = fmt.Sprintf("%s, %d warps %d splits merge %s", c.name, w, sp, mergeNames[mg])
+					c.run(t, d, rng)
+				}
+			}
+		}
+	}
+	// Two keys per lane group and step (U=2) where the plan takes four.
+	decodeForce.u = 2
+	for _, mg := range []int{mergeTicket, mergeCluster} {
+		decodeMerge = mg
+		for _, w := range []int{2, 8} {
+			for _, sp := range []int{1, 4} {
+				decodeForce.warps, decodeForce.splits = w, sp
+				for _, c := range cases {
+					c.name = fmt.Sprintf("%s, U2 %d warps %d splits merge %s", c.name, w, sp, mergeNames[mg])
+					c.run(t, d, rng)
+				}
 			}
 		}
 	}
@@ -849,4 +895,12 @@ func TestPagedAttentionTokenMajor(t *testing.T) {
 			dt: tc.dt, cdt: tc.dt, idt: tensor.I32, pad: -1, tokenMajor: true})
 	}
 	runPagedCases(t, 23, cases)
+	// The splits merged each way.
+	defer func() { decodeMerge = -1 }()
+	for _, mg := range []int{mergeCombine, mergeTicket, mergeCluster} {
+		decodeMerge = mg
+		c := cases[0]
+		c.name += " merge " + mergeNames[mg]
+		runPagedCases(t, 29, []pagedCase{c})
+	}
 }

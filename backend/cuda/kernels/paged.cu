@@ -24,7 +24,10 @@
 //     chunks per lane; the next step's keys load during the current step), each warp keeps
 //     its own online softmax, then the warps are merged through shared memory. With one
 //     split the block writes out; otherwise it writes a partial (max, sum,
-//     accumulator[D]) per query head to the workspace and paged_combine merges the splits.
+//     accumulator[D]) per query head to the workspace and paged_combine merges the splits
+//     (or, as the host asks, the last block of the splits to finish merges them, counted
+//     by an atomic ticket, or the splits form one thread-block cluster and merge through
+//     distributed shared memory: DEC_MERGE_*).
 //   - paged_prefill: tiled flash attention for many tokens: a block covers PF_BR consecutive
 //     rows of the (token, query head of the KV head's group) space, i.e. several tokens and
 //     all query heads sharing one KV head; keys and values of the tokens' sequence go
@@ -157,6 +160,38 @@ struct Raw {
 // The decode kernel's blocks have up to DEC_MAX_WARPS warps (the host picks 4, 8 or 16).
 #define DEC_MAX_WARPS 16
 
+// How the decode kernel merges the splits of a token's context (argument mg; with one
+// split there is nothing to merge): DEC_MERGE_COMBINE writes partials for paged_combine,
+// DEC_MERGE_TICKET has the last block of the splits merge them (paged_tickets counts the
+// blocks done per (token, head group); each call leaves its counters at 0, so the counters
+// of a stream's calls, which run one after another, start at 0: DEC_TICKETS of them),
+// DEC_MERGE_CLUSTER merges through distributed shared memory (the splits are one cluster).
+#define DEC_MERGE_COMBINE 0
+#define DEC_MERGE_TICKET 1
+#define DEC_MERGE_CLUSTER 2
+#define DEC_TICKETS 4096
+__device__ unsigned paged_tickets[DEC_TICKETS];
+
+// cluster_sync is a barrier of every thread of the thread-block cluster, releasing this
+// thread's shared-memory writes to the cluster and acquiring the others'.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+// ld_cluster reads the float at shared-memory address a (this block's window) in the
+// shared memory of the cluster's block rank.
+__device__ __forceinline__ float ld_cluster(unsigned a, int rank) {
+  float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+  return v;
+}
+
 // TReduce sums each of a lane group's N partial values across the lanes of the group (lane
 // bits O, O/2, ..., 1) by halving: at each bit, a lane keeps one half of its values, sends
 // the other half to its partner and adds what it receives, so N - 1 shuffles leave each
@@ -226,13 +261,14 @@ __device__ __forceinline__ void lds_vec(const float* p, float* o) {
 //
 // With fw (the fused cache write) the kernel also does paged_write's work for the step:
 // token t's own key and value (position hi) come straight from k and v (rounded to the
-// cache's dtype), warp 0 of split 0 folds them into its softmax state before its loop, and
-// the blocks of split 0 and head group 0 write them to the token's slot; the splits read
+// cache's dtype), the last warp of the last split (the one with the fewest keys of the
+// cache, often none) folds them into its softmax state before its loop, and the blocks of
+// that split and head group 0 write them to the token's slot; the splits read
 // the cache for positions lo..hi-1 only. A position below hi that another token of the
 // step writes (several tokens of one sequence in a step, where S <= N still picks this
 // kernel) must not be read from the cache, which that token's block may not have written
-// yet: each block finds the lowest such position E, the splits stop before it, and warp 0
-// of split 0 takes E..hi-1 one at a time, each from the last token of the step that writes
+// yet: each block finds the lowest such position E, the splits stop before it, and that
+// warp takes E..hi-1 one at a time, each from the last token of the step that writes
 // it (from k and v) or else from the cache. This relies on slot_mapping naming the slot
 // block_tables gives for each token's (sequence, position), as the engine lays them out.
 template <class X, class C, class R, int VEC, int LPR, int CPL, int GP, int U>
@@ -242,7 +278,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
                                                   const void* slots, int s64, const void* pos, int p64,
                                                   const void* seqs, int q64, const void* tables, int t64, int H,
                                                   int KVH, int S, int D, int NB, int BS, int N, int M, float scale,
-                                                  int window, int maxb, int fw, int* err, int tm) {
+                                                  int window, int maxb, int fw, int* err, int tm, int mg) {
   pdl_begin();
   constexpr int KPW = 32 / LPR;                     // keys per warp and unroll step
   constexpr int EPL = VEC * CPL;                    // elements of a row per lane
@@ -256,11 +292,14 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   constexpr int WORK = GPPAD + ((NS + 3) & ~3);     // floats of a warp's work area
   extern __shared__ int dsm[];
   const int nw = blockDim.x >> 5;
-  const int Dp = (D + 3) & ~3;
+  // Query rows are Dq floats, zero past D: every chunk a lane reads (LPR*CPL*VEC floats a
+  // row) is there, so the loop reads them without a check.
+  const int Dq = max((D + 3) & ~3, LPR * CPL * VEC);
   int* sblk = dsm;                                      // [maxb]
-  float* sq = (float*)(dsm + ((maxb + 3) & ~3));        // [GP][Dp]
-  float* swork = sq + GP * Dp;                          // [nw][WORK]
+  float* sq = (float*)(dsm + ((maxb + 3) & ~3));        // [GP][Dq]
+  float* swork = sq + GP * Dq;                          // [nw][WORK]
   float* sred = swork + nw * WORK;                      // [nw][GP][D+2]
+  float* sres = sred + nw * GP * (D + 2);               // [GP][D+2], DEC_MERGE_CLUSTER only
 
   const int splits = gridDim.x, sp = blockIdx.x;
   const int G = H / KVH;
@@ -274,10 +313,10 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
   const int nch = D / VEC;
   const bool reporter = sp == 0 && blockIdx.y == 0 && threadIdx.x == 0;
 
-  // With fw, warp 0 of split 0 loads the token's own key and value (its lanes' elements,
-  // rounded to C), and in head group 0 the slot they go to; these loads, the query's (to
-  // shared memory, which every warp reads) and the indices' overlap.
-  const bool own = fw && sp == 0 && warp == 0;
+  // With fw, the last warp of the last split loads the token's own key and value (its
+  // lanes' elements, rounded to C), and in head group 0 the slot they go to; these loads,
+  // the query's (to shared memory, which every warp reads) and the indices' overlap.
+  const bool own = fw && sp == splits - 1 && warp == nw - 1;
   float kown[EPL], vown[EPL];
   i64 wslot = -1;
   if (own) {
@@ -293,8 +332,8 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
     }
     if (hg == 0) wslot = load_idx(slots, t, s64);
   }
-  for (int i = threadIdx.x; i < GP * Dp; i += blockDim.x) {
-    const int j = i / Dp, d = i - j * Dp;
+  for (int i = threadIdx.x; i < GP * Dq; i += blockDim.x) {
+    const int j = i / Dq, d = i - j * Dq;
     sq[i] = (j < nh && d < D) ? X::load(q, ((i64)(h0 + j) * S + t) * D + d) : 0.0f;
   }
 
@@ -371,7 +410,7 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
         const int ch = c0 + c * LPR;
         if (ch < nch) {
           float qv[VEC];
-          lds_vec<VEC>(sq + j * Dp + ch * VEC, qv);
+          lds_vec<VEC>(sq + j * Dq + ch * VEC, qv);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) a = __fmaf_rn(qv[e], kf[c * VEC + e], a);
         }
@@ -466,17 +505,9 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
         for (int c = 0; c < CPL; ++c) kr[u][c].widen(kf + c * VEC);
 #pragma unroll
         for (int j = 0; j < GP; ++j) {
-          float qv[EPL];
+          float qv[EPL];  // zeros past D, where kf is zero too
 #pragma unroll
-          for (int c = 0; c < CPL; ++c) {
-            const int ch = c0 + c * LPR;
-            if (ch < nch) {
-              lds_vec<VEC>(sq + j * Dp + ch * VEC, qv + c * VEC);
-            } else {
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) qv[c * VEC + e] = 0.0f;
-            }
-          }
+          for (int c = 0; c < CPL; ++c) lds_vec<VEC>(sq + j * Dq + (c0 + c * LPR) * VEC, qv + c * VEC);
           float a = 0.0f;
 #pragma unroll
           for (int e = 0; e < EPL; ++e) a = __fmaf_rn(qv[e], kf[e], a);
@@ -615,30 +646,102 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
     }
   }
   __syncthreads();
+  // Each warp's factor exp2(max_w - max) per head, once (0 for a warp that saw no key, and
+  // for every warp of a head no warp saw a key of), and the heads' maxima, into the work
+  // areas, which the loop no longer uses (nw * WORK >= (nw + 1) * GP floats).
+  float* sfac = swork;            // [nw][GP]
+  float* smax = swork + nw * GP;  // [GP]
+  for (int i = threadIdx.x; i < nw * GP; i += blockDim.x) {
+    const int w = i / GP, j = i - w * GP;
+    float mx = -LOOM_INF;
+    for (int v = 0; v < nw; ++v) mx = fmaxf(mx, sred[(v * GP + j) * rec]);
+    sfac[i] = mx == -LOOM_INF ? 0.0f : exp2f(sred[i * rec] - mx);
+    if (w == 0) smax[j] = mx;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
     const int j = i / D, d = i - j * D;
-    float mx = -LOOM_INF;
-    for (int w = 0; w < nw; ++w) mx = fmaxf(mx, sred[(w * GP + j) * rec]);
+    const float mx = smax[j];
     float L = 0.0f, A = 0.0f;
-    if (mx != -LOOM_INF) {
-      for (int w = 0; w < nw; ++w) {
-        const float* r = sred + (w * GP + j) * rec;
-        const float f = exp2f(r[0] - mx);  // 0 for a warp that saw no key (max -inf)
-        L += r[1] * f;
-        A += r[2 + d] * f;
-      }
+    const float* r = sred + j * rec;
+    const float* fp = sfac + j;
+#pragma unroll 4
+    for (int w = 0; w < nw; ++w, r += GP * rec, fp += GP) {
+      const float f = *fp;
+      L += r[1] * f;
+      A += r[2 + d] * f;
     }
     const int h = h0 + j;
     if (splits == 1) {
       X::store(out, att_out(h, t, H, S, D, tm) + d, L > 0.0f ? A / L : LOOM_NAN);
     } else {
-      float* pr = part + (((i64)t * H + h) * splits + sp) * rec;
+      float* pr = mg == DEC_MERGE_CLUSTER ? sres + j * rec : part + (((i64)t * H + h) * splits + sp) * rec;
       if (d == 0) {
         pr[0] = mx;
         pr[1] = L;
       }
       pr[2 + d] = A;
     }
+  }
+  if (splits == 1) return;
+  if (mg == DEC_MERGE_TICKET) {
+    // The block that finishes last among the splits of this (token, head group) merges
+    // their partials: every block's partials are written (barrier) and made visible at
+    // device scope (thread 0's fence) before it takes its ticket; the last block resets the
+    // counter for the next call and reads the partials past L1.
+    __shared__ int slast;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      unsigned* tk = paged_tickets + (t * gridDim.y + blockIdx.y);
+      const bool last = atomicAdd(tk, 1u) == (unsigned)splits - 1;
+      if (last) atomicExch(tk, 0u);
+      __threadfence();
+      slast = last;
+    }
+    __syncthreads();
+    if (!slast) return;
+    for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
+      const int j = i / D, d = i - j * D;
+      const int h = h0 + j;
+      const float* pr = part + ((i64)t * H + h) * splits * rec;
+      float mx = -LOOM_INF;
+      for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(pr + s * rec));
+      float L = 0.0f, A = 0.0f;
+      if (mx != -LOOM_INF) {
+        for (int s = 0; s < splits; ++s) {
+          const float f = exp2f(__ldcg(pr + s * rec) - mx);  // 0 for an empty split (max -inf)
+          L += __ldcg(pr + s * rec + 1) * f;
+          A += __ldcg(pr + s * rec + 2 + d) * f;
+        }
+      }
+      X::store(out, att_out(h, t, H, S, D, tm) + d, L > 0.0f ? A / L : LOOM_NAN);
+    }
+  } else if (mg == DEC_MERGE_CLUSTER) {
+    // The splits are one thread-block cluster (blockIdx.x is the rank): each block's
+    // partials are in its shared memory (sres); after a cluster barrier block sp merges
+    // outputs sp, sp + splits, ... (in units of blockDim.x) reading every block's partials
+    // through distributed shared memory, and a second barrier keeps them alive until all
+    // blocks are done.
+    cluster_sync();
+    const unsigned base = (unsigned)__cvta_generic_to_shared(sres);
+    for (int i = threadIdx.x + sp * blockDim.x; i < nh * D; i += splits * blockDim.x) {
+      const int j = i / D, d = i - j * D;
+      const int h = h0 + j;
+      const unsigned r0 = base + (unsigned)(j * rec) * 4u;
+      float mx = -LOOM_INF;
+      for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ld_cluster(r0, s));
+      float L = 0.0f, A = 0.0f;
+      if (mx != -LOOM_INF) {
+        for (int s = 0; s < splits; ++s) {
+          const float f = exp2f(ld_cluster(r0, s) - mx);  // 0 for an empty split (max -inf)
+          L += ld_cluster(r0 + 4u, s) * f;
+          A += ld_cluster(r0 + (unsigned)(2 + d) * 4u, s) * f;
+        }
+      }
+      X::store(out, att_out(h, t, H, S, D, tm) + d, L > 0.0f ? A / L : LOOM_NAN);
+    }
+    cluster_sync();
   }
 }
 
@@ -648,10 +751,10 @@ __device__ __forceinline__ void paged_decode_impl(typename X::T* out, float* par
           X::T* out, float* part, const X::T* q, C::T* kc, C::T* vc, const X::T* kn, const X::T* vn,              \
           const void* slots, int s64, const void* pos, int p64, const void* seqs, int q64, const void* tables,    \
           int t64, int H, int KVH, int S, int D, int NB, int BS, int N, int M, float scale, int window, int maxb, \
-          int fw, int* err, int tm) {                                                                              \
+          int fw, int* err, int tm, int mg) {                                                                      \
     paged_decode_impl<X, C, Promote<X, C>::type, VEC, LPR, CPL, GP, U>(                                            \
         out, part, q, kc, vc, kn, vn, slots, s64, pos, p64, seqs, q64, tables, t64, H, KVH, S, D, NB, BS, N, M,    \
-        scale, window, maxb, fw, err, tm);                                                                         \
+        scale, window, maxb, fw, err, tm, mg);                                                                     \
   }
 
 // paged_combine merges the splits' partials [S][H][splits][D+2] (max in base 2, sum,
@@ -663,17 +766,35 @@ __device__ __forceinline__ void paged_combine_impl(typename X::T* out, const flo
   const int h = blockIdx.x, t = blockIdx.y;
   const int rec = D + 2;
   const float* pr = part + ((i64)t * H + h) * splits * rec;
-  float mx = -LOOM_INF;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pr[(i64)s * rec]);
+  // CMB_CHUNK splits at a time, every load of a chunk issued at once: one chunk holds the
+  // splits of most plans; later chunks are merged online into the first.
+  constexpr int CMB_CHUNK = 8;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float L = 0.0f, A = 0.0f;
-    if (mx != -LOOM_INF) {
-      for (int s = 0; s < splits; ++s) {
-        const float* r = pr + (i64)s * rec;
-        const float f = exp2f(r[0] - mx);  // 0 for an empty split (max -inf)
-        L += r[1] * f;
-        A += r[2 + d] * f;
+    float mx = -LOOM_INF, L = 0.0f, A = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += CMB_CHUNK) {
+      float m[CMB_CHUNK], l[CMB_CHUNK], a[CMB_CHUNK];
+#pragma unroll
+      for (int k = 0; k < CMB_CHUNK; ++k) {
+        const float* r = pr + (i64)(s0 + k) * rec;
+        const bool in = s0 + k < splits;
+        m[k] = in ? r[0] : -LOOM_INF;
+        l[k] = in ? r[1] : 0.0f;
+        a[k] = in ? r[2 + d] : 0.0f;
       }
+      float cm = mx;
+#pragma unroll
+      for (int k = 0; k < CMB_CHUNK; ++k) cm = fmaxf(cm, m[k]);
+      if (cm == -LOOM_INF) continue;
+      const float c = exp2f(mx - cm);  // 0 before the first split that saw a key
+      L *= c;
+      A *= c;
+#pragma unroll
+      for (int k = 0; k < CMB_CHUNK; ++k) {
+        const float f = exp2f(m[k] - cm);  // 0 for an empty split (max -inf)
+        L += l[k] * f;
+        A += a[k] * f;
+      }
+      mx = cm;
     }
     X::store(out, att_out(h, t, H, S, D, tm) + d, L > 0.0f ? A / L : LOOM_NAN);
   }
