@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/loom-ml/loom/cubind"
@@ -32,11 +31,6 @@ type gemvPlan struct {
 	M, N, K int
 	cfg     gemvConfig
 }
-
-// gemvPrefetch makes the kernel ask L2 for the rest of its weight rows before it waits for
-// the kernel before it (PDL), so that the weights stream in while a latency-bound kernel
-// (an all-reduce, attention) runs. LOOM_GEMV_PREFETCH=0 turns it off, for comparison.
-var gemvPrefetch = os.Getenv("LOOM_GEMV_PREFETCH") != "0"
 
 // Test switches: gemvOff sends every linear to cuBLAS; gemvTiling, when set, replaces
 // gemvTilingFor's choice (the tests and the timing sweep).
@@ -165,12 +159,8 @@ func (d *Device) launchGemv(out, x, w *Tensor, p gemvPlan) error {
 		return fmt.Errorf("cuda: linear (gemv): bad tiling %+v", c)
 	}
 	xn := dtypeName(x.DType)
-	pf := 1
-	if !gemvPrefetch {
-		pf = 0
-	}
-	name := fmt.Sprintf("gemv_%s_m%d_r%d_u%d_p%d", xn, p.M, c.rows, c.unroll, pf)
-	inst := fmt.Sprintf("GEMV(%s, %d, %d, %d, %d, %s)", name, p.M, c.rows, c.unroll, pf, strings.ToUpper(xn))
+	name := fmt.Sprintf("gemv_%s_m%d_r%d_u%d", xn, p.M, c.rows, c.unroll)
+	inst := fmt.Sprintf("GEMV(%s, %d, %d, %d, %s)", name, p.M, c.rows, c.unroll, strings.ToUpper(xn))
 	perBlock := c.rows * c.warps
 	grid := cubind.Dim3{X: (p.N + perBlock - 1) / perBlock, Y: 1, Z: 1}
 	err := d.launchX("gemv.cu", inst, name, grid, cubind.Dim3{X: 32 * c.warps, Y: 1, Z: 1}, 0, func(a *cubind.Args) {

@@ -199,11 +199,6 @@ func TestKernelsCompile(t *testing.T) {
 	}
 	files = append(files, "norm.cu")
 	extras = append(extras, strings.Join(norms, "\n"))
-	// The gemv tilings gemvTilingFor picks, with and without the L2 prefetch.
-	for _, pf := range []int{0, 1} {
-		files = append(files, "gemv.cu")
-		extras = append(extras, fmt.Sprintf("GEMV(g1, 1, 1, 8, %d, BF16)\nGEMV(g2, 2, 4, 4, %d, BF16)\nGEMV(g3, 1, 4, 2, %d, F32)", pf, pf, pf))
-	}
 	for i, f := range files {
 		_, st, err := c.cubin(f, extras[i])
 		if err != nil {

@@ -15,7 +15,7 @@
 // to cuBLAS).
 //
 // The file holds templates only: backend/cuda appends the instantiation it needs, such as
-// GEMV(gemv_bf16_m1_r1_u4_p1, 1, 1, 4, 1, BF16), and compiles each on first use.
+// GEMV(gemv_bf16_m1_r1_u4, 1, 1, 4, BF16), and compiles each on first use.
 
 __device__ __forceinline__ uint4 gemv_load_w(const uint4* p) {
   uint4 v;
@@ -78,14 +78,7 @@ __device__ __forceinline__ void gemv_fma8(float (&acc)[R][M], const uint4 (&wv)[
   }
 }
 
-// gemv_prefetch_l2 asks L2 for bytes [from, to) of a weight row, one 128-byte line per lane
-// and step, without waiting for them.
-__device__ __forceinline__ void gemv_prefetch_l2(const bf16* row, i64 from, i64 to, int lane) {
-  const char* p = (const char*)row;
-  for (i64 b = from + (i64)lane * 128; b < to; b += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
-}
-
-template <int M, int R, int U, int PF, class X>
+template <int M, int R, int U, class X>
 __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const typename X::T* __restrict__ x,
                                           const bf16* __restrict__ w, int N, int K) {
   const int lane = threadIdx.x & 31;
@@ -109,12 +102,6 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + 32 * u + lane);
-  }
-  // With PF the rest of the rows head for L2 too: while the kernel before (an all-reduce,
-  // attention) runs, the memory system is mostly idle.
-  if (PF) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) gemv_prefetch_l2((const bf16*)wr[r], full > 0 ? 32 * U * 16 : 0, (i64)K * 2, lane);
   }
   pdl_begin();
   for (int c0 = 0; c0 < full; c0 += 32 * U) {
@@ -144,8 +131,8 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
 }
 
 // GEMV instantiates one kernel: blocks of up to 256 threads (whole warps), grid
-// ceil(N / (R * warps per block)); PF 1 prefetches the weights to L2 before the wait.
-#define GEMV(NAME, M, R, U, PF, X)                                                                            \
+// ceil(N / (R * warps per block)).
+#define GEMV(NAME, M, R, U, X)                                                                                \
   extern "C" __global__ void __launch_bounds__(256) NAME(X::T* out, const X::T* x, const bf16* w, int N, int K) { \
-    gemv_impl<M, R, U, PF, X>(out, x, w, N, K);                                                               \
+    gemv_impl<M, R, U, X>(out, x, w, N, K);                                                                   \
   }
