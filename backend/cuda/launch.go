@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"unsafe"
 
@@ -25,6 +26,10 @@ import (
 // memory for its inputs and ids, the device buffer of its ids, its events), and a Launch
 // whose slot is still in flight fails. The kernels of both run on the device's one stream,
 // in order, over the same arena, so that the second reuses the first's memory only after it.
+
+// stagePageable (LOOM_STAGE_PAGEABLE=1, a diagnostic) copies the inputs from Go memory
+// instead of the slot's pinned memory.
+var stagePageable = os.Getenv("LOOM_STAGE_PAGEABLE") == "1"
 
 // LaunchOptions say what Launch does besides running the graph.
 type LaunchOptions struct {
@@ -201,7 +206,11 @@ func (p *Program) launch(ctx context.Context, pl *memPlan, inputs map[string]*te
 		if pc.dst == nil || len(pc.b) == 0 {
 			continue
 		}
-		if err := cubind.MemcpyHtoDAsync(pc.dst.ptr, hb[pc.off:pc.off+len(pc.b)], d.stream); err != nil {
+		src := hb[pc.off : pc.off+len(pc.b)]
+		if stagePageable {
+			src = pc.b
+		}
+		if err := cubind.MemcpyHtoDAsync(pc.dst.ptr, src, d.stream); err != nil {
 			return fmt.Errorf("copy an input in: %w", err)
 		}
 	}
