@@ -158,62 +158,6 @@ func TestDriverMemory(t *testing.T) {
 	}
 }
 
-// TestPinnedHostMemory round-trips bytes through the device between two pinned buffers,
-// with the copies queued asynchronously and read after the stream has passed them.
-func TestPinnedHostMemory(t *testing.T) {
-	withGPU(t)
-	if _, err := MemAllocHost(0); err == nil {
-		t.Error("MemAllocHost(0) did not fail")
-	}
-	s, err := StreamCreate(StreamNonBlocking)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	const n = 4099
-	src, err := MemAllocHost(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	dst, err := MemAllocHost(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
-	if src.Len() != n || len(src.Bytes()) != n {
-		t.Fatalf("Len = %d, Bytes %d; want %d", src.Len(), len(src.Bytes()), n)
-	}
-	for i := range src.Bytes() {
-		src.Bytes()[i] = byte(i * 7)
-	}
-	dev, err := MemAlloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer MemFree(dev)
-	if err := MemcpyHtoDAsync(dev, src.Bytes(), s); err != nil {
-		t.Fatal(err)
-	}
-	if err := MemcpyDtoHAsync(dst.Bytes(), dev, s); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Synchronize(); err != nil {
-		t.Fatal(err)
-	}
-	for i, b := range dst.Bytes() {
-		if b != byte(i*7) {
-			t.Fatalf("byte %d = %d, want %d", i, b, byte(i*7))
-		}
-	}
-	if err := src.Free(); err != nil || src.Bytes() != nil || src.Len() != 0 {
-		t.Errorf("Free = %v, then Bytes %v Len %d; want nil, nil, 0", err, src.Bytes(), src.Len())
-	}
-	if err := src.Free(); err != nil {
-		t.Errorf("second Free = %v", err)
-	}
-}
-
 func TestErrorsNameTheCall(t *testing.T) {
 	withGPU(t)
 	_, err := MemAlloc(1 << 50)

@@ -80,8 +80,6 @@ var (
 	fnMemAlloc           func(p *uint64, n uint64) int32
 	fnMemFree            func(p uint64) int32
 	fnMemGetInfo         func(free, total *uint64) int32
-	fnMemAllocHost       func(p *unsafe.Pointer, n uint64) int32
-	fnMemFreeHost        func(p unsafe.Pointer) int32
 	fnMemcpyHtoDAsync    func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
 	fnMemcpyDtoHAsync    func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
 	fnMemcpyDtoDAsync    func(dst, src uint64, n uint64, s uintptr) int32
@@ -141,8 +139,6 @@ func loadDriver() error {
 		b.bind(&fnMemAlloc, "cuMemAlloc_v2")
 		b.bind(&fnMemFree, "cuMemFree_v2")
 		b.bind(&fnMemGetInfo, "cuMemGetInfo_v2")
-		b.bind(&fnMemAllocHost, "cuMemAllocHost_v2")
-		b.bind(&fnMemFreeHost, "cuMemFreeHost")
 		b.bind(&fnMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")
 		b.bind(&fnMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
 		b.bind(&fnMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2")
@@ -345,58 +341,6 @@ func MemGetInfo() (free, total uint64, err error) {
 	return free, total, err
 }
 
-// HostBuffer is page-locked (pinned) host memory from MemAllocHost: copies between it and
-// the device run asynchronously, by DMA, so that the host may queue a copy and go on. Bytes
-// stay valid until Free.
-type HostBuffer struct {
-	p unsafe.Pointer
-	n int
-}
-
-// MemAllocHost allocates n bytes of page-locked host memory, accessible to every context.
-func MemAllocHost(n int) (*HostBuffer, error) {
-	if err := loadDriver(); err != nil {
-		return nil, err
-	}
-	if n <= 0 {
-		return nil, fmt.Errorf("allocate %d bytes of pinned host memory: want at least 1", n)
-	}
-	var p unsafe.Pointer
-	if err := driverErr("cuMemAllocHost_v2", fnMemAllocHost(&p, uint64(n))); err != nil {
-		return nil, fmt.Errorf("allocate %d bytes of pinned host memory: %w", n, err)
-	}
-	return &HostBuffer{p: p, n: n}, nil
-}
-
-// Bytes is the buffer's memory (nil once freed).
-func (h *HostBuffer) Bytes() []byte {
-	if h == nil || h.p == nil {
-		return nil
-	}
-	return unsafe.Slice((*byte)(h.p), h.n)
-}
-
-// Len is the buffer's size in bytes.
-func (h *HostBuffer) Len() int {
-	if h == nil {
-		return 0
-	}
-	return h.n
-}
-
-// Free releases the buffer; no copy may still use it. Freeing twice is a no-op.
-func (h *HostBuffer) Free() error {
-	if h == nil || h.p == nil {
-		return nil
-	}
-	if err := loadDriver(); err != nil {
-		return err
-	}
-	p := h.p
-	h.p, h.n = nil, 0
-	return driverErr("cuMemFreeHost", fnMemFreeHost(p))
-}
-
 // bytesOf returns the address and byte size of a slice's elements.
 func bytesOf[T any](s []T) (unsafe.Pointer, uint64) {
 	if len(s) == 0 {
@@ -408,8 +352,7 @@ func bytesOf[T any](s []T) (unsafe.Pointer, uint64) {
 
 // MemcpyHtoDAsync copies src, a slice of plain values (float32, uint16, int32, bytes ...),
 // to device memory at dst on stream s. From pageable Go memory the driver has read src by
-// the time the call returns, so src may be reused at once; from a HostBuffer's bytes the
-// copy runs when the stream reaches it, and the bytes must stay unchanged until then.
+// the time the call returns, so src may be reused at once.
 func MemcpyHtoDAsync[T any](dst DevicePtr, src []T, s Stream) error {
 	if err := loadDriver(); err != nil {
 		return err
@@ -425,8 +368,7 @@ func MemcpyHtoDAsync[T any](dst DevicePtr, src []T, s Stream) error {
 
 // MemcpyDtoHAsync copies len(dst) elements from device memory at src into dst on stream s.
 // Into pageable Go memory the copy has completed when the call returns (the driver
-// synchronises), so dst may be read at once; into a HostBuffer's bytes the call returns
-// at once and dst holds the data once the stream has passed the copy (an event after it).
+// synchronises), so dst may be read at once.
 func MemcpyDtoHAsync[T any](dst []T, src DevicePtr, s Stream) error {
 	if err := loadDriver(); err != nil {
 		return err

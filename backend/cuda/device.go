@@ -25,6 +25,9 @@ type Device struct {
 	dev     cubind.Device
 	ctx     cubind.Context
 	stream  cubind.Stream
+	// side is a second stream for reading results back while the next step runs on stream
+	// (see sideStream).
+	side    cubind.Stream
 	blas    *cubind.BLAS
 	alloc   *Allocator
 	comp    compiler
@@ -261,6 +264,9 @@ func (d *Device) release() error {
 	if d.stream != 0 {
 		errs = append(errs, d.stream.Destroy())
 	}
+	if d.side != 0 {
+		errs = append(errs, d.side.Destroy())
+	}
 	if d.ctx != 0 {
 		errs = append(errs, d.dev.PrimaryCtxRelease())
 	}
@@ -327,6 +333,19 @@ func (d *Device) launchX(file, extra, name string, grid, block cubind.Dim3, shar
 		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
 	return nil
+}
+
+// sideStream returns the device's side stream, created on first use. The device must be
+// locked with its context current.
+func (d *Device) sideStream() (cubind.Stream, error) {
+	if d.side == 0 {
+		s, err := cubind.StreamCreate(cubind.StreamNonBlocking)
+		if err != nil {
+			return 0, fmt.Errorf("cuda: side stream: %w", err)
+		}
+		d.side = s
+	}
+	return d.side, nil
 }
 
 // Sync waits for all queued work and reports its errors, including ids out of range that

@@ -2,12 +2,8 @@ package cuda
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"slices"
-	"unsafe"
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/sample"
@@ -16,20 +12,20 @@ import (
 
 // Launch and Wait split a run in two, so that a caller can queue the next step before the
 // current one has finished: Launch copies the inputs in, queues the kernels (a CUDA graph
-// replay), the sampling of the next tokens and the copy of their ids to the host, and
-// returns; Launched.Wait waits for that work and returns the ids. With LaunchOptions.FeedIDs
+// replay) and the sampling of the next tokens, and returns; Launched.Wait waits for that
+// work and brings the ids back. With LaunchOptions.FeedIDs
 // the step's input_ids are the ids the previous Launch sampled, copied on the device, so
 // that step n+1 can be queued before step n's tokens are known on the host: the GPU then
 // never waits for the host between steps.
 //
-// At most two launches are in flight: each uses one of two launch slots (pinned host
-// memory for its inputs and ids, the device buffer of its ids, its events), and a Launch
-// whose slot is still in flight fails. The kernels of both run on the device's one stream,
-// in order, over the same arena, so that the second reuses the first's memory only after it.
-
-// stagePageable (LOOM_STAGE_PAGEABLE=1, a diagnostic) copies the inputs from Go memory
-// instead of the slot's pinned memory.
-var stagePageable = os.Getenv("LOOM_STAGE_PAGEABLE") == "1"
+// At most two launches are in flight: each uses one of two launch slots (the device buffer
+// of its ids, its events), and a Launch whose slot is still in flight fails. The kernels of
+// both run on the device's one stream, in order, over the same arena, so that the second
+// reuses the first's memory only after it. Inputs are copied from Go memory, which the
+// driver stages before the call returns; the ids come back, once the step is done, by a
+// copy on a side stream, which does not wait for the step queued behind. (Copies through
+// pinned host memory were tried: on the GPU host, run under gVisor, they now and then
+// moved stale bytes.)
 
 // LaunchOptions say what Launch does besides running the graph.
 type LaunchOptions struct {
@@ -53,16 +49,13 @@ type Launched struct {
 	down bool
 }
 
-// launchSlot is what one launch in flight holds apart from the other: pinned host memory
-// for its inputs (staged there so that the copies run asynchronously), its sampling
-// parameters, the error word and the ids, the device buffer of its ids, and its events.
+// launchSlot is what one launch in flight holds apart from the other: the device buffer of
+// its ids and its events.
 type launchSlot struct {
-	host              *cubind.HostBuffer
 	ids               *Tensor // i32 [>= N] on the device
 	done              cubind.Event
 	begin, end        cubind.Event
 	inFlight, clocked bool
-	errOff, idsOff    int // offsets in host of the error word's copy and of the ids
 }
 
 // launchState is a Program's launch slots and what feeds the next launch.
@@ -107,10 +100,7 @@ func (p *Program) Launch(ctx context.Context, inputs map[string]*tensor.Tensor, 
 	err = p.dev.do(func() error {
 		err := p.launch(ctx, pl, inputs, o, l)
 		if err != nil {
-			// Nothing may feed from a failed launch, and copies it queued from the slot's
-			// pinned memory must be done before the slot is written again.
-			ls.last, ls.lastN = nil, 0
-			err = errors.Join(err, p.dev.stream.Synchronize())
+			ls.last, ls.lastN = nil, 0 // nothing may feed from a failed launch
 		}
 		return err
 	})
@@ -130,62 +120,15 @@ func (p *Program) launch(ctx context.Context, pl *memPlan, inputs map[string]*te
 		return err
 	}
 	vals := p.layout(pl)
-	// Stage the inputs, the sampling parameters and room for the error word and ids in the
-	// slot's pinned memory: 16-byte aligned pieces.
-	type piece struct {
-		dst *Tensor
-		off int
-		b   []byte
-	}
-	var pieces []piece
-	off := 0
-	put := func(dst *Tensor, b []byte) {
-		pieces = append(pieces, piece{dst, off, b})
-		off += (len(b) + 15) &^ 15
-	}
 	feed := -1
 	for _, s := range p.inputs {
-		v := p.values[s]
-		if vals[s] == nil || p.fixed[s] != nil {
-			continue // unused, or resident
-		}
-		h := inputs[v.Name]
-		if h.DType.Size()*h.Numel() != vals[s].Bytes() {
-			return fmt.Errorf("input %q: holds %d bytes, its slot %d", v.Name, h.DType.Size()*h.Numel(), vals[s].Bytes())
-		}
-		if o.FeedIDs && v.Name == "input_ids" {
+		if vals[s] != nil && p.fixed[s] == nil && o.FeedIDs && p.values[s].Name == "input_ids" {
 			feed = s
-			continue
 		}
-		put(vals[s], hostBytes(h))
 	}
 	N, V, rows, err := p.sampledRows(vals, o.Draws)
 	if err != nil {
 		return err
-	}
-	var params []byte
-	if len(o.Draws) > 0 && !allGreedy(o.Draws) {
-		params = hostBytes(SampleParams(o.Draws).Tensor())
-	}
-	paramsAt := off
-	put(nil, params)
-	slot.errOff = off
-	put(nil, make([]byte, 16))
-	slot.idsOff = off
-	put(nil, make([]byte, 4*N))
-	if slot.host.Len() < off {
-		if err := slot.host.Free(); err != nil {
-			return err
-		}
-		h, err := cubind.MemAllocHost(max(off, 4096))
-		if err != nil {
-			return err
-		}
-		slot.host = h
-	}
-	hb := slot.host.Bytes()
-	for _, pc := range pieces {
-		copy(hb[pc.off:], pc.b)
 	}
 	if slot.done == 0 {
 		if err := createEvents(&slot.done, &slot.begin, &slot.end); err != nil {
@@ -193,25 +136,20 @@ func (p *Program) launch(ctx context.Context, pl *memPlan, inputs map[string]*te
 		}
 	}
 	slot.clocked = slot.begin.Record(d.stream) == nil
-	d.copied = true
 	if feed >= 0 {
 		if in := vals[feed]; in.DType != tensor.I32 || ls.last == nil || ls.lastN != in.Numel() {
 			return fmt.Errorf("feed input_ids %s%v from the previous launch's %d sampled ids: want i32 and as many", in.DType, in.Shape, ls.lastN)
 		}
+		d.copied = true
 		if err := cubind.MemcpyDtoDAsync(vals[feed].ptr, ls.last.ptr, uint64(4*ls.lastN), d.stream); err != nil {
 			return fmt.Errorf("feed input_ids: %w", err)
 		}
 	}
-	for _, pc := range pieces {
-		if pc.dst == nil || len(pc.b) == 0 {
-			continue
-		}
-		src := hb[pc.off : pc.off+len(pc.b)]
-		if stagePageable {
-			src = pc.b
-		}
-		if err := cubind.MemcpyHtoDAsync(pc.dst.ptr, src, d.stream); err != nil {
-			return fmt.Errorf("copy an input in: %w", err)
+	for _, s := range p.inputs {
+		if v := p.values[s]; vals[s] != nil && p.fixed[s] == nil && s != feed {
+			if err := copyIn(d, vals[s], inputs[v.Name]); err != nil {
+				return fmt.Errorf("input %q: %w", v.Name, err)
+			}
 		}
 	}
 	if err := p.runSteps(ctx, pl, vals); err != nil {
@@ -219,20 +157,12 @@ func (p *Program) launch(ctx context.Context, pl *memPlan, inputs map[string]*te
 	}
 	slot.clocked = slot.clocked && slot.end.Record(d.stream) == nil
 	if N > 0 {
-		if err := p.queueSample(slot, rows, N, V, o.Draws, hb[paramsAt:paramsAt+len(params)]); err != nil {
+		if err := p.queueSample(slot, rows, N, V, o.Draws); err != nil {
 			return err
-		}
-		if l.down {
-			if err := cubind.MemcpyDtoHAsync(hb[slot.idsOff:slot.idsOff+4*N], slot.ids.ptr, d.stream); err != nil {
-				return fmt.Errorf("sample: copy the ids back: %w", err)
-			}
 		}
 		ls.last, ls.lastN = slot.ids, N
 	} else {
 		ls.last, ls.lastN = nil, 0
-	}
-	if err := cubind.MemcpyDtoHAsync(hb[slot.errOff:slot.errOff+16], d.errWord, d.stream); err != nil {
-		return fmt.Errorf("copy the error word back: %w", err)
 	}
 	return slot.done.Record(d.stream)
 }
@@ -260,8 +190,8 @@ func (p *Program) sampledRows(vals []*Tensor, draws []sample.DeviceDraw) (N, V i
 }
 
 // queueSample queues the choice of N tokens from rows [N,V] into slot.ids: greedy when every
-// draw is, else with params (SampleParams of the draws, staged in pinned memory).
-func (p *Program) queueSample(slot *launchSlot, rows *Tensor, N, V int, draws []sample.DeviceDraw, params []byte) error {
+// draw is, else with the draws' SampleParams.
+func (p *Program) queueSample(slot *launchSlot, rows *Tensor, N, V int, draws []sample.DeviceDraw) error {
 	d, ls := p.dev, &p.launches
 	if slot.ids == nil || slot.ids.Numel() < N {
 		d.Free(slot.ids)
@@ -282,17 +212,14 @@ func (p *Program) queueSample(slot *launchSlot, rows *Tensor, N, V int, draws []
 		}
 		ls.ws = t
 	}
-	if params == nil {
+	if allGreedy(draws) {
 		return d.greedyRows(ids, rows, ls.ws)
 	}
-	pt, err := d.allocTensor(tensor.I32, []int{N, sampleRowWords})
+	pt, err := d.upload(SampleParams(draws).Tensor())
 	if err != nil {
 		return fmt.Errorf("sample: %w", err)
 	}
 	defer d.Free(pt) // stream-ordered: the next user of the block runs after sample_rows
-	if err := cubind.MemcpyHtoDAsync(pt.ptr, params, d.stream); err != nil {
-		return fmt.Errorf("sample: %w", err)
-	}
 	return d.sampleRows(ids, rows, pt, ls.ws)
 }
 
@@ -316,10 +243,15 @@ func (l *Launched) Wait(ctx context.Context) ([]int32, error) {
 		} else if err := slot.done.Synchronize(); err != nil {
 			return err
 		}
-		hb := slot.host.Bytes()
+		// The step is done: its ids and the error word come back on the side stream, which
+		// does not wait for the next step, queued behind this one on the device's stream.
+		side, err := p.dev.sideStream()
+		if err != nil {
+			return err
+		}
 		var w [4]int32
-		for i := range w {
-			w[i] = int32(binary.LittleEndian.Uint32(hb[slot.errOff+4*i:]))
+		if err := cubind.MemcpyDtoHAsync(w[:], p.dev.errWord, side); err != nil {
+			return fmt.Errorf("copy the error word back: %w", err)
 		}
 		if err := p.dev.wordError(w); err != nil {
 			return err
@@ -328,7 +260,10 @@ func (l *Launched) Wait(ctx context.Context) ([]int32, error) {
 			p.busy.addSpan(slot.begin, slot.end)
 		}
 		if l.down {
-			ids = slices.Clone(unsafe.Slice((*int32)(unsafe.Pointer(&hb[slot.idsOff])), l.n))
+			ids = make([]int32, l.n)
+			if err := cubind.MemcpyDtoHAsync(ids, slot.ids.ptr, side); err != nil {
+				return fmt.Errorf("sample: copy the ids back: %w", err)
+			}
 		}
 		return nil
 	})
@@ -366,7 +301,6 @@ func (ls *launchState) release(d *Device) error {
 	var errs []error
 	for i := range ls.slots {
 		s := &ls.slots[i]
-		errs = append(errs, s.host.Free())
 		d.Free(s.ids)
 		for _, e := range []*cubind.Event{&s.done, &s.begin, &s.end} {
 			if *e != 0 {
