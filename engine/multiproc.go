@@ -56,7 +56,7 @@ func ConnectRanks(ctx context.Context, m *CUDAModel) (*Process, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: rank %d: %w", env.Rank, err)
 		}
-		if p.conn, err = dialRank0(ctx, addr, env.Rank, env.WorldSize, free); err != nil {
+		if p.conn, err = dialRank0(ctx, addr, env.Rank, env.WorldSize, free, launcherOf(m.Program) != nil); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 		return p, nil

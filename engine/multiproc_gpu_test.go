@@ -18,6 +18,7 @@ import (
 	"github.com/loom-ml/loom/backend/cuda"
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/dist/nccl"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -276,6 +277,12 @@ func (d *dyingRank) Run(ctx context.Context, in map[string]*tensor.Tensor) ([]*t
 func (d *dyingRank) RunDiscard(ctx context.Context, in map[string]*tensor.Tensor) error {
 	d.step()
 	return d.Program.RunDiscard(ctx, in)
+}
+
+// LaunchStep is what a follower calls for a step launched ahead: it dies there too.
+func (d *dyingRank) LaunchStep(ctx context.Context, in map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (pendingStep, error) {
+	d.step()
+	return cudaLauncher{d.Program}.LaunchStep(ctx, in, draws, feed, download)
 }
 
 // step counts a run and kills the process at the at-th.

@@ -56,6 +56,10 @@ func launcherOf(exe Executable) stepLauncher {
 	switch x := exe.(type) {
 	case *cuda.Program:
 		return cudaLauncher{x}
+	case *remoteRank:
+		if x.launches {
+			return x
+		}
 	case stepLauncher:
 		return x
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -30,12 +31,18 @@ import (
 // Frames are a type byte, a big-endian uint32 length and the payload; numbers inside the
 // payloads are little-endian.
 //
-//	hello    follower -> 0: stepMagic, rank u32, world size u32, free device bytes u64
+//	hello    follower -> 0: stepMagic, rank u32, world size u32, free device bytes u64,
+//	         flags u8 (followLaunches: the follower can launch steps ahead)
 //	welcome  0 -> follower: (empty) the follower is rank `rank` of this world
 //	reject   0 -> follower: why it is refused
 //	step     0 -> follower: step u64, cache blocks u32, tensors u32, then per tensor
 //	         name length u16, name, dtype u8, dims u8, dims × u32, the elements
-//	done     follower -> 0: step u64
+//	launch   0 -> follower: feed u8, draws u32, per draw temperature, top-p, min-p f32,
+//	         top-k i32, seed, counter u64; then a step's payload. The follower queues the
+//	         step (stepLauncher), sampling with the draws, its input_ids fed from its
+//	         previous launch's ids when feed is 1, and reads on: rank 0 may send the next
+//	         step before this one's reply (see overlap.go)
+//	done     follower -> 0: step u64 (replies come in the order of the steps)
 //	failed   follower -> 0: step u64, the error's text
 //	bye      0 -> follower: rank 0 is done; the follower returns
 const (
@@ -46,10 +53,14 @@ const (
 	stepDone
 	stepFailed
 	stepBye
+	stepLaunch
 )
 
+// followLaunches is the hello flag of a follower that can launch steps.
+const followLaunches = 1
+
 const (
-	stepMagic = "loom-steps/1"
+	stepMagic = "loom-steps/2"
 	// maxStepFrame bounds a frame: a step of 64k tokens is under 2 MiB.
 	maxStepFrame = 256 << 20
 	// helloWait bounds how long rank 0 waits for an accepted connection's hello, and a
@@ -198,6 +209,9 @@ func decodeStep(payload []byte) (stepMsg, error) {
 	if r.err != nil {
 		return m, r.err
 	}
+	if count > len(r.b)/4 { // a tensor takes at least its name length, dtype and rank
+		return m, fmt.Errorf("%d tensors in %d bytes", count, len(r.b))
+	}
 	m.inputs = make(map[string]*tensor.Tensor, count)
 	for range count {
 		name := string(r.take(int(r.u16())))
@@ -217,6 +231,9 @@ func decodeStep(payload []byte) (stepMsg, error) {
 		if dt != tensor.I32 && dt != tensor.I64 && dt != tensor.F32 {
 			return m, fmt.Errorf("input %q has dtype %d, which steps do not carry", name, dt)
 		}
+		if n*dt.Size() > len(r.b) {
+			return m, fmt.Errorf("input %q: %v elements, %d bytes left in the step", name, shape, len(r.b))
+		}
 		t := tensor.New(dt, shape...)
 		if raw := r.take(n * dt.Size()); raw != nil {
 			if _, err := binary.Decode(raw, binary.LittleEndian, stepData(t)); err != nil {
@@ -232,6 +249,71 @@ func decodeStep(payload []byte) (stepMsg, error) {
 		return m, fmt.Errorf("%d bytes after the step's inputs", len(r.b))
 	}
 	return m, nil
+}
+
+// launchMsg is what a launch frame carries.
+type launchMsg struct {
+	stepMsg
+	feed  bool
+	draws []sample.DeviceDraw
+}
+
+// drawBytes is the size of one draw in a launch frame.
+const drawBytes = 32
+
+// encodeLaunch lays a launch out: feed, the draws, then the step as encodeStep does.
+func encodeLaunch(step uint64, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed bool) ([]byte, error) {
+	body, err := encodeStep(step, inputs)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, 5+drawBytes*len(draws)+len(body))
+	f := byte(0)
+	if feed {
+		f = 1
+	}
+	b = append(b, f)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(draws)))
+	for _, d := range draws {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(d.Temperature))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(d.TopP))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(d.MinP))
+		b = binary.LittleEndian.AppendUint32(b, uint32(d.TopK))
+		b = binary.LittleEndian.AppendUint64(b, d.Seed)
+		b = binary.LittleEndian.AppendUint64(b, d.Counter)
+	}
+	return append(b, body...), nil
+}
+
+// decodeLaunch reads what encodeLaunch wrote.
+func decodeLaunch(payload []byte) (launchMsg, error) {
+	r := &stepReader{b: payload}
+	var m launchMsg
+	switch f := r.u8(); {
+	case r.err != nil:
+		return m, r.err
+	case f > 1:
+		return m, fmt.Errorf("launch: feed flag %d, want 0 or 1", f)
+	default:
+		m.feed = f == 1
+	}
+	n := int(r.u32())
+	if r.err == nil && n > len(r.b)/drawBytes {
+		return m, fmt.Errorf("launch: %d draws in %d bytes", n, len(r.b))
+	}
+	m.draws = make([]sample.DeviceDraw, n)
+	for i := range m.draws {
+		d := &m.draws[i]
+		d.Temperature, d.TopP, d.MinP = math.Float32frombits(r.u32()), math.Float32frombits(r.u32()), math.Float32frombits(r.u32())
+		d.TopK = int32(r.u32())
+		d.Seed, d.Counter = r.u64(), r.u64()
+	}
+	if r.err != nil {
+		return m, r.err
+	}
+	var err error
+	m.stepMsg, err = decodeStep(r.b)
+	return m, err
 }
 
 // watchConn makes blocking I/O on conn end when ctx ends (by moving its deadline into the
@@ -255,13 +337,15 @@ func watchConn(ctx context.Context, conn net.Conn) func() bool {
 
 // remoteRank is, on rank 0, the Executable of another rank that runs in its own process:
 // Run sends the step's inputs (but the KV caches) to the follower and waits until it has
-// run them (see Follow). It returns no outputs: rank 0's come from its own program. Its
-// errors do not repeat the rank; rankSet and RankGroup, which run it, name it.
+// run them (see Follow); LaunchStep sends a step to be launched and returns at once, its
+// pending step's Wait reading the reply. It returns no outputs: rank 0's come from its own
+// program. Its errors do not repeat the rank; rankSet and RankGroup, which run it, name it.
 type remoteRank struct {
 	rank     int
 	conn     net.Conn
 	r        *bufio.Reader
 	free     uint64        // the follower's free device memory when it connected
+	launches bool          // the follower can launch steps (followLaunches)
 	resident []string      // the cache inputs the follower keeps
 	timeout  time.Duration // the longest wait for a step's reply (0: no limit but ctx)
 
@@ -269,10 +353,10 @@ type remoteRank struct {
 	step   uint64
 	broken error // why the connection can no longer carry steps
 	closed bool
-	// owed counts the replies of steps whose wait ended with their context (a rank
-	// failed and rankSet cancelled the others): the follower still runs them and replies,
-	// and the next Run reads and drops those replies first.
-	owed int
+	// sent holds the steps sent whose replies have not been read, in order. A step whose
+	// wait ended with its context (a rank failed and rankSet cancelled the others) stays
+	// there: the follower still runs it and replies, and a later wait drops that reply.
+	sent []uint64
 }
 
 // Resident names the cache inputs the follower keeps on its device: the engine gives
@@ -282,56 +366,108 @@ func (rr *remoteRank) Resident() []string { return rr.resident }
 // Run sends one step to the follower and waits for its reply, at most rr.timeout and no
 // longer than ctx. A follower's failure to run the step comes back as its error. When ctx
 // ends before the reply starts, the step fails and its reply is dropped when it comes, at
-// the next Run; a lost connection, a timeout, a reply cut short or one that does not match
+// a later wait; a lost connection, a timeout, a reply cut short or one that does not match
 // the step break the remote rank for good (the stream of steps is out of step).
 func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
-	if rr.closed {
-		return nil, errors.New("the connection to the follower is closed")
-	}
-	if rr.broken != nil {
-		return nil, rr.broken
-	}
-	for rr.owed > 0 {
-		if _, _, err := rr.reply(rr.step - uint64(rr.owed) + 1); err != nil {
-			rr.broken = fmt.Errorf("the reply to an abandoned step: %w", err)
-			return nil, rr.broken
-		}
-		rr.owed--
-	}
-	rr.step++
-	step := rr.step
-	payload, err := encodeStep(step, inputs)
+	step, err := rr.send(ctx, stepRun, func(step uint64) ([]byte, error) { return encodeStep(step, inputs) })
 	if err != nil {
-		return nil, fmt.Errorf("step %d: %w", step, err)
-	}
-	if rr.timeout > 0 {
-		rr.conn.SetDeadline(time.Now().Add(rr.timeout))
-	}
-	done := watchConn(ctx, rr.conn)
-	err = writeStepFrame(rr.conn, stepRun, payload)
-	wrote := err == nil
-	if wrote {
-		_, err = rr.r.Peek(1) // wait for the reply's first byte, consuming nothing
-	}
-	if cancelled := done(); err != nil {
-		if cancelled && wrote {
-			rr.owed++ // the follower runs the step all the same; drop its reply later
-			return nil, fmt.Errorf("step %d: %w (waiting for the follower)", step, context.Cause(ctx))
-		}
-		rr.broken = rr.connErr(step, err, cancelled, ctx)
-		return nil, rr.broken
-	}
-	typ, msg, err := rr.reply(step)
-	if err != nil {
-		rr.broken = err
 		return nil, err
 	}
-	if typ == stepFailed {
-		return nil, fmt.Errorf("step %d on the follower: %s", step, msg)
+	return nil, rr.await(ctx, step)
+}
+
+// LaunchStep sends a step for the follower to launch (see stepLauncher) and returns
+// without waiting for it. Only rank 0's ids are read, so the follower's stay on its device.
+func (rr *remoteRank) LaunchStep(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, _ bool) (pendingStep, error) {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	step, err := rr.send(ctx, stepLaunch, func(step uint64) ([]byte, error) { return encodeLaunch(step, inputs, draws, feed) })
+	if err != nil {
+		return nil, err
 	}
-	return nil, nil
+	return remotePending{rr, step}, nil
+}
+
+// remotePending is a step a remoteRank sent to be launched.
+type remotePending struct {
+	rr   *remoteRank
+	step uint64
+}
+
+func (p remotePending) Wait(ctx context.Context) ([]int32, error) {
+	p.rr.mu.Lock()
+	defer p.rr.mu.Unlock()
+	return nil, p.rr.await(ctx, p.step)
+}
+
+// send numbers the next step, encodes it with encode and writes it as a frame of type typ,
+// within rr.timeout and no longer than ctx. rr.mu is held.
+func (rr *remoteRank) send(ctx context.Context, typ byte, encode func(step uint64) ([]byte, error)) (uint64, error) {
+	if rr.closed {
+		return 0, errors.New("the connection to the follower is closed")
+	}
+	if rr.broken != nil {
+		return 0, rr.broken
+	}
+	step := rr.step + 1
+	payload, err := encode(step)
+	if err != nil {
+		return 0, fmt.Errorf("step %d: %w", step, err)
+	}
+	rr.step = step
+	if rr.timeout > 0 {
+		rr.conn.SetWriteDeadline(time.Now().Add(rr.timeout))
+		defer rr.conn.SetWriteDeadline(time.Time{})
+	}
+	done := watchConn(ctx, rr.conn)
+	err = writeStepFrame(rr.conn, typ, payload)
+	if cancelled := done(); err != nil {
+		rr.broken = rr.connErr(step, err, cancelled, ctx)
+		return 0, rr.broken
+	}
+	rr.sent = append(rr.sent, step)
+	return step, nil
+}
+
+// await reads the follower's replies up to step's, dropping those of earlier steps whose
+// waits were abandoned, and returns step's outcome. rr.mu is held.
+func (rr *remoteRank) await(ctx context.Context, step uint64) error {
+	for {
+		if rr.broken != nil {
+			return rr.broken
+		}
+		if len(rr.sent) == 0 || rr.sent[0] > step {
+			return fmt.Errorf("step %d: no reply is owed for it", step)
+		}
+		if rr.timeout > 0 {
+			rr.conn.SetReadDeadline(time.Now().Add(rr.timeout))
+		}
+		done := watchConn(ctx, rr.conn)
+		_, err := rr.r.Peek(1) // wait for the reply's first byte, consuming nothing
+		if cancelled := done(); err != nil {
+			if cancelled {
+				return fmt.Errorf("step %d: %w (waiting for the follower)", step, context.Cause(ctx))
+			}
+			rr.broken = rr.connErr(step, err, false, ctx)
+			return rr.broken
+		}
+		next := rr.sent[0]
+		typ, msg, err := rr.reply(next)
+		if err != nil {
+			rr.broken = err
+			return err
+		}
+		rr.sent = rr.sent[1:]
+		switch {
+		case next != step:
+			continue // an abandoned step's reply
+		case typ == stepFailed:
+			return fmt.Errorf("step %d on the follower: %s", step, msg)
+		}
+		return nil
+	}
 }
 
 // reply reads the follower's reply to step (within rr.timeout), checking that it answers
@@ -427,7 +563,7 @@ func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*re
 			conn.Close()
 			continue
 		}
-		rank, size, free := int(r.u32()), int(r.u32()), r.u64()
+		rank, size, free, flags := int(r.u32()), int(r.u32()), r.u64(), r.u8()
 		reject := func(why string) {
 			writeStepFrame(conn, stepReject, []byte(why))
 			conn.Close()
@@ -450,7 +586,7 @@ func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*re
 			return fail(fmt.Errorf("rank %d: welcome: %w", rank, err))
 		}
 		conn.SetDeadline(time.Time{})
-		ranks[rank-1] = &remoteRank{rank: rank, conn: conn, r: bufio.NewReaderSize(conn, 64<<10), free: free}
+		ranks[rank-1] = &remoteRank{rank: rank, conn: conn, r: bufio.NewReaderSize(conn, 64<<10), free: free, launches: flags&followLaunches != 0}
 		left--
 	}
 	return ranks, nil
@@ -458,8 +594,9 @@ func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*re
 
 // dialRank0 connects a follower, rank of a world of worldSize ranks, to rank 0's step
 // listener at addr, retrying until rank 0 listens, and says hello (with free, the free
-// device memory, which sizes the KV cache). It waits no longer than ctx.
-func dialRank0(ctx context.Context, addr string, rank, worldSize int, free uint64) (net.Conn, error) {
+// device memory, which sizes the KV cache, and whether it launches steps). It waits no
+// longer than ctx.
+func dialRank0(ctx context.Context, addr string, rank, worldSize int, free uint64, launches bool) (net.Conn, error) {
 	var d net.Dialer
 	var conn net.Conn
 	for {
@@ -477,6 +614,11 @@ func dialRank0(ctx context.Context, addr string, rank, worldSize int, free uint6
 	hello = binary.LittleEndian.AppendUint32(hello, uint32(rank))
 	hello = binary.LittleEndian.AppendUint32(hello, uint32(worldSize))
 	hello = binary.LittleEndian.AppendUint64(hello, free)
+	flags := byte(0)
+	if launches {
+		flags |= followLaunches
+	}
+	hello = append(hello, flags)
 	conn.SetDeadline(time.Now().Add(helloWait))
 	done := watchConn(ctx, conn)
 	err := writeStepFrame(conn, stepHello, hello)
@@ -508,41 +650,59 @@ func dialRank0(ctx context.Context, addr string, rank, worldSize int, free uint6
 // Follow is the loop of a follower, a rank other than 0 in its own process: it receives
 // each step's inputs from rank 0 on conn, adds its own KV caches (laid out by cache, of as
 // many blocks as rank 0 says; shape-only tensors when exe keeps them on its device, see
-// kvcache.NewCacheShapes; none when cache has no layers), runs exe on them and replies
-// that it is done, or with exe's error, which rank 0's step then reports. It returns nil
-// when rank 0 says goodbye, and an error naming rank 0 when the connection ends otherwise
-// (rank 0 died, or sent what is not a step) or ctx ends. It does not close conn.
+// kvcache.NewCacheShapes; none when cache has no layers), runs exe on them (or, for a
+// launch, queues the step on exe, a stepLauncher, and reads the next frame while it runs)
+// and replies, in the order of the steps, that each is done, or with exe's error, which
+// rank 0's step then reports. It returns nil when rank 0 says goodbye, and an error naming
+// rank 0 when the connection ends otherwise (rank 0 died, or sent what is not a step) or
+// ctx ends. It does not close conn.
 func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Conn) error {
 	r := bufio.NewReaderSize(conn, 64<<10)
+	launcher := launcherOf(exe)
+	// The replies go out from their own goroutine, in order, each once its step is done:
+	// a launched step's reply waits for the step while this loop reads the next one.
+	replies := make(chan followed, 2)
+	replied := make(chan error, 1)
+	go func() { replied <- reply(ctx, conn, replies) }()
+	finish := func(err error) error {
+		close(replies)
+		if err != nil {
+			return err // a step still in flight ends with the caller's Close
+		}
+		return <-replied
+	}
 	var caches *kvcache.Cache
 	steps := 0
 	for {
 		done := watchConn(ctx, conn)
 		typ, payload, err := readStepFrame(r)
 		if done() {
-			return fmt.Errorf("following rank 0: %w", context.Cause(ctx))
+			return finish(fmt.Errorf("following rank 0: %w", context.Cause(ctx)))
 		}
 		if err != nil {
 			if connGone(err) {
-				return fmt.Errorf("rank 0 closed the step connection without a goodbye after %d steps (did it die?): %w", steps, err)
+				return finish(fmt.Errorf("rank 0 closed the step connection without a goodbye after %d steps (did it die?): %w", steps, err))
 			}
-			return fmt.Errorf("read rank 0's next step: %w", err)
+			return finish(fmt.Errorf("read rank 0's next step: %w", err))
 		}
+		var msg launchMsg
 		switch typ {
 		case stepBye:
-			return nil
+			return finish(nil)
 		case stepRun:
+			msg.stepMsg, err = decodeStep(payload)
+		case stepLaunch:
+			msg, err = decodeLaunch(payload)
 		default:
-			return fmt.Errorf("rank 0 sent message type %d, not a step", typ)
+			return finish(fmt.Errorf("rank 0 sent message type %d, not a step", typ))
 		}
-		msg, err := decodeStep(payload)
 		if err != nil {
-			return fmt.Errorf("rank 0's step %d: %w", steps+1, err)
+			return finish(fmt.Errorf("rank 0's step %d: %w", steps+1, err))
 		}
 		steps++
 		if len(cache.Layers) > 0 {
 			if msg.blocks < 1 {
-				return fmt.Errorf("rank 0's step %d has no KV cache blocks, but this rank's graph runs on a cache", msg.step)
+				return finish(fmt.Errorf("rank 0's step %d has no KV cache blocks, but this rank's graph runs on a cache", msg.step))
 			}
 			if caches == nil || caches.NumBlocks != msg.blocks {
 				newCache := kvcache.NewCache
@@ -550,27 +710,59 @@ func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Co
 					newCache = kvcache.NewCacheShapes
 				}
 				if caches, err = newCache(cache, msg.blocks); err != nil {
-					return fmt.Errorf("rank 0's step %d: %w", msg.step, err)
+					return finish(fmt.Errorf("rank 0's step %d: %w", msg.step, err))
 				}
 			}
 			caches.Bind(msg.inputs)
 		}
-		var reply []byte
-		reply = binary.LittleEndian.AppendUint64(reply, msg.step)
-		typ = stepDone
-		if err := runDiscard(ctx, exe, msg.inputs); err != nil {
-			typ = stepFailed
-			reply = append(reply, err.Error()...)
+		f := followed{step: msg.step}
+		switch {
+		case typ == stepRun:
+			f.err = runDiscard(ctx, exe, msg.inputs)
+		case launcher == nil:
+			f.err = errors.New("this rank cannot launch steps ahead")
+		default:
+			f.pend, f.err = launcher.LaunchStep(ctx, msg.inputs, msg.draws, msg.feed, false)
 		}
-		done = watchConn(ctx, conn)
-		err = writeStepFrame(conn, typ, reply)
+		select {
+		case replies <- f:
+		case err := <-replied: // the replies stopped: the connection or ctx is gone
+			if err == nil {
+				err = errors.New("the replies to rank 0 stopped")
+			}
+			return finish(err)
+		}
+	}
+}
+
+// followed is a step a follower ran (err) or launched (pend, to wait for).
+type followed struct {
+	step uint64
+	pend pendingStep
+	err  error
+}
+
+// reply sends rank 0 the reply of each step from steps, in order, waiting for the launched
+// ones; it returns when steps is closed, or with the error that stops it.
+func reply(ctx context.Context, conn net.Conn, steps <-chan followed) error {
+	for f := range steps {
+		if f.pend != nil {
+			_, f.err = f.pend.Wait(ctx)
+		}
+		typ, msg := stepDone, binary.LittleEndian.AppendUint64(nil, f.step)
+		if f.err != nil {
+			typ, msg = stepFailed, append(msg, f.err.Error()...)
+		}
+		done := watchConn(ctx, conn)
+		err := writeStepFrame(conn, typ, msg)
 		if done() {
 			return fmt.Errorf("following rank 0: %w", context.Cause(ctx))
 		}
 		if err != nil {
-			return fmt.Errorf("reply to rank 0's step %d (did rank 0 die?): %w", msg.step, err)
+			return fmt.Errorf("reply to rank 0's step %d (did rank 0 die?): %w", f.step, err)
 		}
 	}
+	return nil
 }
 
 // connGone reports that the other end of a connection went away: closed between or

@@ -15,6 +15,7 @@ import (
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -83,7 +84,7 @@ func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcac
 	}()
 	fs := make([]*follower, len(exes))
 	for i, exe := range exes {
-		conn, err := dialRank0(ctx, ln.Addr().String(), i+1, n, uint64(100+i))
+		conn, err := dialRank0(ctx, ln.Addr().String(), i+1, n, uint64(100+i), launcherOf(exe) != nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -394,8 +395,8 @@ func TestRemoteContext(t *testing.T) {
 		if _, err := rrs[0].Run(ctx, step); err != nil {
 			t.Errorf("Run after a cancelled step: %v", err)
 		}
-		if rrs[0].step != 2 || rrs[0].owed != 0 {
-			t.Errorf("after the abandoned step 1 and step 2: step %d, %d replies owed", rrs[0].step, rrs[0].owed)
+		if rrs[0].step != 2 || len(rrs[0].sent) != 0 {
+			t.Errorf("after the abandoned step 1 and step 2: step %d, replies owed for %v", rrs[0].step, rrs[0].sent)
 		}
 	})
 	t.Run("reply timeout", func(t *testing.T) {
@@ -430,7 +431,7 @@ func TestRemoteContext(t *testing.T) {
 // sides, a stranger's connection is dropped, and a missing rank is named when the wait ends.
 func TestRemoteHandshake(t *testing.T) {
 	hello := func(ctx context.Context, addr string, rank, size int) error {
-		conn, err := dialRank0(ctx, addr, rank, size, 0)
+		conn, err := dialRank0(ctx, addr, rank, size, 0, false)
 		if conn != nil {
 			t.Cleanup(func() { conn.Close() })
 		}
@@ -503,7 +504,7 @@ func TestRemoteDialTimeout(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := dialRank0(ctx, addr, 1, 2, 0); err == nil || !strings.Contains(err.Error(), "rank 1: connect to rank 0 at "+addr) {
+	if _, err := dialRank0(ctx, addr, 1, 2, 0, false); err == nil || !strings.Contains(err.Error(), "rank 1: connect to rank 0 at "+addr) {
 		t.Errorf("dial with nobody listening: %v", err)
 	}
 }
@@ -553,6 +554,71 @@ func TestStepCodec(t *testing.T) {
 		if _, err := decodeStep(b[:cut]); err == nil {
 			t.Fatalf("a step cut to %d of %d bytes decoded", cut, len(b))
 		}
+	}
+	draws := []sample.DeviceDraw{{}, {Temperature: 0.7, TopP: 0.9, MinP: 0.05, TopK: 40, Seed: 1 << 60, Counter: 9}}
+	lb, err := encodeLaunch(43, in, draws, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm, err := decodeLaunch(lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lm.step != 43 || lm.blocks != 17 || len(lm.inputs) != 4 || !lm.feed || !slices.Equal(lm.draws, draws) {
+		t.Fatalf("decoded launch: step %d, %d blocks, %d inputs, feed %v, draws %+v", lm.step, lm.blocks, len(lm.inputs), lm.feed, lm.draws)
+	}
+	for cut := range len(lb) {
+		if _, err := decodeLaunch(lb[:cut]); err == nil {
+			t.Fatalf("a launch cut to %d of %d bytes decoded", cut, len(lb))
+		}
+	}
+	bad := slices.Clone(lb)
+	bad[0] = 2
+	if _, err := decodeLaunch(bad); err == nil || !strings.Contains(err.Error(), "feed flag 2") {
+		t.Errorf("feed flag 2: %v", err)
+	}
+}
+
+// FuzzDecodeLaunch: no payload makes the launch decoder panic, and what it accepts holds
+// as many draws as it says.
+func FuzzDecodeLaunch(f *testing.F) {
+	in := map[string]*tensor.Tensor{"input_ids": tensor.FromI32([]int32{1, 2}, 1, 2)}
+	for _, feed := range []bool{false, true} {
+		b, err := encodeLaunch(7, in, make([]sample.DeviceDraw, 2), feed)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeLaunch(b)
+		if err == nil && len(b) < 5+drawBytes*len(m.draws) {
+			t.Errorf("%d draws decoded from %d bytes", len(m.draws), len(b))
+		}
+	})
+}
+
+// A follower that cannot launch steps ahead (it said so in its hello, and the engine never
+// asks it) answers a launch with an error naming why, and runs the next step all the same.
+func TestRemoteLaunchUnsupported(t *testing.T) {
+	ctx := testCtx(t)
+	rrs, _ := startWorld(t, ctx, []Executable{&fakeRank{}}, testSpec)
+	if rrs[0].launches || launcherOf(rrs[0]) != nil {
+		t.Fatal("a follower without a stepLauncher says it launches")
+	}
+	steps := testSteps(t, 8)
+	for _, st := range steps {
+		st["kv_cache.0.k"] = &tensor.Tensor{DType: tensor.F32, Shape: []int{8, 4, 1, 2}} // the blocks travel
+	}
+	pend, err := rrs[0].LaunchStep(ctx, steps[0], nil, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pend.Wait(ctx); err == nil || !strings.Contains(err.Error(), "cannot launch steps ahead") {
+		t.Errorf("launch on a follower that cannot: %v", err)
+	}
+	if _, err := rrs[0].Run(ctx, steps[1]); err != nil {
+		t.Errorf("the next step: %v", err)
 	}
 }
 
@@ -605,6 +671,34 @@ func TestRemoteEngineCPU(t *testing.T) {
 		if len(got[i]) != 6 || !slices.Equal(got[i], want[i]) {
 			t.Errorf("request %d: remote rank 1 gives %v, in-process %v", i, got[i], want[i])
 		}
+	}
+	if rrs[0].Close(); <-fs[0].done != nil {
+		t.Error("the follower did not end cleanly")
+	}
+
+	// Both ranks launching steps ahead: rank 1 gets launches over the wire, samples the
+	// same ids as rank 0 and feeds its next step from them.
+	l0, a1 := &asyncLauncher{Executable: m.Programs[0]}, &asyncLauncher{Executable: m.Programs[1]}
+	rrs, fs = startWorld(t, ctx, []Executable{a1}, l1.Cache)
+	rrs[0].resident = cacheInputs(m.Graphs[1])
+	if !rrs[0].launches {
+		t.Fatal("the follower with a stepLauncher does not say it launches")
+	}
+	e, err = NewRanks(ctx, []Rank{{Graph: m.Graphs[0], Exe: l0}, {Graph: m.Graphs[1], Exe: rrs[0]}},
+		ModelInfo{Name: dir, MaxPositions: m.Config.MaxPositionEmbeddings}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = generateAll(t, e, reqs)
+	ahead := e.Stats().AheadStepsTotal
+	e.Close()
+	for i := range reqs {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("request %d, steps launched ahead: remote rank 1 gives %v, in-process %v", i, got[i], want[i])
+		}
+	}
+	if ahead == 0 || int64(a1.fed.Load()) != ahead || int64(l0.fed.Load()) != ahead {
+		t.Errorf("%d steps launched ahead; rank 0 fed %d, rank 1 %d", ahead, l0.fed.Load(), a1.fed.Load())
 	}
 	if rrs[0].Close(); <-fs[0].done != nil {
 		t.Error("the follower did not end cleanly")
