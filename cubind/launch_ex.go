@@ -49,32 +49,10 @@ func HasPDL() bool {
 // comment above): f must wait (griddepcontrol.wait) before it touches memory the previous
 // kernel on s uses. Without cuLaunchKernelEx in the driver it returns an error.
 func LaunchKernelPDL(f Function, grid, block Dim3, sharedMem int, s Stream, args *Args) error {
-	if err := loadDriver(); err != nil {
-		return err
-	}
-	if fnLaunchKernelEx == nil {
-		return fmt.Errorf("cuLaunchKernelEx: not in the driver library %s", driverLib.Path)
-	}
-	var params unsafe.Pointer
-	if args != nil {
-		var err error
-		if params, err = args.params(); err != nil {
-			return fmt.Errorf("cuLaunchKernelEx: %w", err)
-		}
-	}
-	attr := &launchAttribute{id: launchAttrProgrammaticStreamSerialization}
-	attr.value[0] = 1
-	cfg := &launchConfig{
-		gridX: uint32(grid.X), gridY: uint32(grid.Y), gridZ: uint32(grid.Z),
-		blockX: uint32(block.X), blockY: uint32(block.Y), blockZ: uint32(block.Z),
-		sharedMem: uint32(sharedMem), stream: uintptr(s), attrs: attr, numAttrs: 1,
-	}
-	rc := fnLaunchKernelEx(cfg, uintptr(f), params, nil)
-	runtime.KeepAlive(args)
-	runtime.KeepAlive(cfg)
-	runtime.KeepAlive(attr)
-	if rc != 0 {
-		return fmt.Errorf("grid %v block %v shared %d: %w", grid, block, sharedMem, driverErr("cuLaunchKernelEx", rc))
+	attrs := []launchAttribute{{id: launchAttrProgrammaticStreamSerialization}}
+	attrs[0].value[0] = 1
+	if err := launchEx(f, grid, block, sharedMem, s, args, attrs); err != nil {
+		return fmt.Errorf("grid %v block %v shared %d: %w", grid, block, sharedMem, err)
 	}
 	return nil
 }
@@ -88,6 +66,22 @@ const launchAttrClusterDimension = 4
 // programmatic stream serialization allowed when pdl is set (see LaunchKernelPDL). Without
 // cuLaunchKernelEx in the driver it returns an error.
 func LaunchKernelCluster(f Function, grid, block, cluster Dim3, sharedMem int, s Stream, args *Args, pdl bool) error {
+	attrs := []launchAttribute{{id: launchAttrClusterDimension}, {id: launchAttrProgrammaticStreamSerialization}}
+	for i, v := range []int{cluster.X, cluster.Y, cluster.Z} {
+		*(*uint32)(unsafe.Pointer(&attrs[0].value[4*i])) = uint32(v)
+	}
+	attrs[1].value[0] = 1
+	if !pdl {
+		attrs = attrs[:1]
+	}
+	if err := launchEx(f, grid, block, sharedMem, s, args, attrs); err != nil {
+		return fmt.Errorf("grid %v block %v cluster %v shared %d: %w", grid, block, cluster, sharedMem, err)
+	}
+	return nil
+}
+
+// launchEx calls cuLaunchKernelEx with the launch attributes attrs.
+func launchEx(f Function, grid, block Dim3, sharedMem int, s Stream, args *Args, attrs []launchAttribute) error {
 	if err := loadDriver(); err != nil {
 		return err
 	}
@@ -101,26 +95,14 @@ func LaunchKernelCluster(f Function, grid, block, cluster Dim3, sharedMem int, s
 			return fmt.Errorf("cuLaunchKernelEx: %w", err)
 		}
 	}
-	attrs := &[2]launchAttribute{{id: launchAttrClusterDimension}, {id: launchAttrProgrammaticStreamSerialization}}
-	for i, v := range []int{cluster.X, cluster.Y, cluster.Z} {
-		*(*uint32)(unsafe.Pointer(&attrs[0].value[4*i])) = uint32(v)
-	}
-	attrs[1].value[0] = 1
-	n := uint32(1)
-	if pdl {
-		n = 2
-	}
 	cfg := &launchConfig{
 		gridX: uint32(grid.X), gridY: uint32(grid.Y), gridZ: uint32(grid.Z),
 		blockX: uint32(block.X), blockY: uint32(block.Y), blockZ: uint32(block.Z),
-		sharedMem: uint32(sharedMem), stream: uintptr(s), attrs: &attrs[0], numAttrs: n,
+		sharedMem: uint32(sharedMem), stream: uintptr(s), attrs: &attrs[0], numAttrs: uint32(len(attrs)),
 	}
 	rc := fnLaunchKernelEx(cfg, uintptr(f), params, nil)
 	runtime.KeepAlive(args)
 	runtime.KeepAlive(cfg)
 	runtime.KeepAlive(attrs)
-	if rc != 0 {
-		return fmt.Errorf("grid %v block %v cluster %v shared %d: %w", grid, block, cluster, sharedMem, driverErr("cuLaunchKernelEx", rc))
-	}
-	return nil
+	return driverErr("cuLaunchKernelEx", rc)
 }

@@ -310,29 +310,42 @@ func (d *Device) launch(file, name string, grid, block cubind.Dim3, shared int, 
 
 // launchX is launch for a kernel of a template-only file, instantiated by extra.
 func (d *Device) launchX(file, extra, name string, grid, block cubind.Dim3, shared int, args func(a *cubind.Args)) error {
-	f, err := d.function(file, extra, name)
+	f, pdl, err := d.prepare(file, extra, name, shared, args)
 	if err != nil {
 		return err
 	}
-	if shared > 48<<10 {
-		if shared > d.info.SharedOptin {
-			return fmt.Errorf("cuda: kernel %s needs %d bytes of shared memory, the device allows %d", name, shared, d.info.SharedOptin)
-		}
-		if err := f.SetMaxDynamicSharedMemory(shared); err != nil {
-			return fmt.Errorf("cuda: kernel %s: %w", name, err)
-		}
-	}
-	d.args.Reset()
-	args(&d.args)
 	launch := cubind.LaunchKernel
-	if d.pdl && pdlFiles[file] && !d.copied {
+	if pdl {
 		launch = cubind.LaunchKernelPDL
 	}
-	d.copied = false
 	if err := launch(f, grid, block, shared, d.stream, &d.args); err != nil {
 		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
 	return nil
+}
+
+// prepare readies kernel name for a launch with shared bytes of dynamic shared memory: it
+// loads it, raises its shared memory limit when needed and builds its arguments on d.args.
+// It reports whether the launch may use PDL: a kernel of pdlFiles, on a device that uses
+// it, not right after a copy (see Device.copied).
+func (d *Device) prepare(file, extra, name string, shared int, args func(a *cubind.Args)) (cubind.Function, bool, error) {
+	f, err := d.function(file, extra, name)
+	if err != nil {
+		return 0, false, err
+	}
+	if shared > 48<<10 {
+		if shared > d.info.SharedOptin {
+			return 0, false, fmt.Errorf("cuda: kernel %s needs %d bytes of shared memory, the device allows %d", name, shared, d.info.SharedOptin)
+		}
+		if err := f.SetMaxDynamicSharedMemory(shared); err != nil {
+			return 0, false, fmt.Errorf("cuda: kernel %s: %w", name, err)
+		}
+	}
+	d.args.Reset()
+	args(&d.args)
+	pdl := d.pdl && pdlFiles[file] && !d.copied
+	d.copied = false
+	return f, pdl, nil
 }
 
 // sideStream returns the device's side stream, created on first use. The device must be

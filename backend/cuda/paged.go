@@ -453,21 +453,11 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 // launchCluster is launchX for a kernel of pdlFiles launched in thread-block clusters of
 // cluster blocks, with programmatic dependent launch where the device uses it.
 func (d *Device) launchCluster(file, extra, name string, grid, block, cluster cubind.Dim3, shared int, args func(a *cubind.Args)) error {
-	f, err := d.function(file, extra, name)
+	f, pdl, err := d.prepare(file, extra, name, shared, args)
 	if err != nil {
 		return err
 	}
-	if shared > 48<<10 {
-		if shared > d.info.SharedOptin {
-			return fmt.Errorf("cuda: kernel %s needs %d bytes of shared memory, the device allows %d", name, shared, d.info.SharedOptin)
-		}
-		if err := f.SetMaxDynamicSharedMemory(shared); err != nil {
-			return fmt.Errorf("cuda: kernel %s: %w", name, err)
-		}
-	}
-	d.args.Reset()
-	args(&d.args)
-	if err := cubind.LaunchKernelCluster(f, grid, block, cluster, shared, d.stream, &d.args, d.pdl && pdlFiles[file]); err != nil {
+	if err := cubind.LaunchKernelCluster(f, grid, block, cluster, shared, d.stream, &d.args, pdl); err != nil {
 		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
 	return nil
