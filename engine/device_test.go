@@ -255,18 +255,7 @@ func TestCUDABF16LogitError(t *testing.T) {
 		dir := filepath.Join("..", "testdata", name)
 		ref := loadReference(t, dir)
 		logits := func(spec string, act tensor.DType) [][]float32 {
-			opts := LoadOptions{Optimize: true, ActivationDType: act}
-			if spec != "" {
-				mesh, err := dist.ParseMesh(spec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				opts.Mesh = mesh
-			}
-			m, err := LoadCUDA(context.Background(), dir, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := loadCUDAOn(t, dir, spec, LoadOptions{Optimize: true, ActivationDType: act})
 			defer m.Close()
 			var all [][]float32
 			for _, p := range ref.Prompts {
@@ -374,18 +363,7 @@ func TestCUDAOverlappedSteps(t *testing.T) {
 	}
 	for _, spec := range []string{"", "tp=2"} {
 		t.Run("mesh "+spec, func(t *testing.T) {
-			opts := LoadOptions{Optimize: true, PagedCache: true, ActivationDType: tensor.F32}
-			if spec != "" {
-				mesh, err := dist.ParseMesh(spec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				opts.Mesh = mesh
-			}
-			m, err := LoadCUDA(context.Background(), dir, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := loadCUDAOn(t, dir, spec, LoadOptions{Optimize: true, PagedCache: true, ActivationDType: tensor.F32})
 			defer m.Close()
 			run := func(sync bool, rs []Request) ([][]int, Stats) {
 				e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet, SyncSteps: sync})
@@ -412,4 +390,21 @@ func TestCUDAOverlappedSteps(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loadCUDAOn loads dir on the GPUs with opts, on the mesh spec ("" for one GPU).
+func loadCUDAOn(t *testing.T, dir, spec string, opts LoadOptions) *CUDAModel {
+	t.Helper()
+	if spec != "" {
+		mesh, err := dist.ParseMesh(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Mesh = mesh
+	}
+	m, err := LoadCUDA(context.Background(), dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
