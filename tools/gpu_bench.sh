@@ -26,18 +26,24 @@ wait $S
 BB="$L bench --model $M --device cuda --log-level warn --max-batch 64 --max-tokens-per-step 2048"
 g() { grep -E "output tokens/s|time per output|time to first|engine:"; }
 for ws in 2 1; do
-  echo "== tp=$ws batch 1 (128/128)"; timeout 60 $BB --world-size $ws --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+  for sy in --sync-steps ""; do # steps launched ahead of their tokens (the default) or not
+    echo "== tp=$ws batch 1 (128/128) $sy"; timeout 60 $BB $sy --world-size $ws --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+  done
   echo "== tp=$ws 64 concurrent (128/128)"; timeout 90 $BB --world-size $ws --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
   echo "== tp=$ws TTFT 1024"; timeout 60 $BB --world-size $ws --warmup 2 --num-requests 5 --concurrency 1 --input-len 1024 --output-len 1 2>&1 | g
 done
-echo "== multi-process tp=2: loom launch --nproc 2 -- loom serve"
-$L launch --nproc 2 -- $L serve --model $M --device cuda --world-size 2 --max-batch 64 --max-tokens-per-step 2048 --port 8100 --log-level info > $O/mp.log 2>&1 &
-pid=$!
-for i in $(seq 90); do curl -sf localhost:8100/health >/dev/null 2>&1 && break; sleep 1; done
-H="$L bench --url http://127.0.0.1:8100 --tokenizer $M --log-level warn"
-timeout 40 $H --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
-timeout 60 $H --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
-kill $pid; wait $pid 2>/dev/null; grep -iE "one-shot|error|panic" $O/mp.log | head -4
+port=8100
+for sy in --sync-steps ""; do
+  echo "== multi-process tp=2: loom launch --nproc 2 -- loom serve $sy"
+  $L launch --nproc 2 -- $L serve --model $M --device cuda --world-size 2 --max-batch 64 --max-tokens-per-step 2048 --port $port --log-level info $sy > $O/mp$port.log 2>&1 &
+  pid=$!
+  for i in $(seq 90); do curl -sf localhost:$port/health >/dev/null 2>&1 && break; sleep 1; done
+  H="$L bench --url http://127.0.0.1:$port --tokenizer $M --log-level warn"
+  timeout 40 $H --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+  timeout 60 $H --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
+  kill $pid; wait $pid 2>/dev/null; grep -iE "one-shot|error|panic" $O/mp$port.log | head -4
+  port=$((port + 1))
+done
 if [ "${HF:-0}" = 1 ]; then
   echo "== Hugging Face eager batch 1"; timeout 100 python3 $B/hf_llama_decode.py eager 1 2>&1 | grep -vi warn | tail -2
 fi
