@@ -182,6 +182,10 @@ func (e *Engine) launchAhead(cur *flight) *flight {
 			break
 		}
 		s := cur.seqs[i]
+		if s == nil {
+			ok = false
+			break
+		}
 		next := p.from + p.n
 		d, dev := s.sampler.DeviceDraw()
 		ok = dev && !s.finished && s.ctx.Err() == nil && s.computed == p.from && next == len(s.tokens) &&
