@@ -228,14 +228,7 @@ func TestCUDAEngineTP2(t *testing.T) {
 			}
 			defer e.Close()
 			ref := loadReference(t, dir)
-			var reqs []Request
-			for _, p := range ref.Prompts {
-				reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
-			}
-			got := generateAll(t, e, reqs)
-			for i, p := range ref.Prompts {
-				checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
-			}
+			ref.checkGreedyAll(t, generateAll(t, e, ref.greedyRequests()))
 		})
 	}
 }

@@ -163,14 +163,7 @@ func engineParity(t *testing.T, name string, tp int) {
 		}
 		t.Cleanup(func() { e.Close() })
 	}
-	var reqs []Request
-	for _, p := range ref.Prompts {
-		reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
-	}
-	got := generateAll(t, e, reqs)
-	for i, p := range ref.Prompts {
-		checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
-	}
+	ref.checkGreedyAll(t, generateAll(t, e, ref.greedyRequests()))
 	if st := e.Stats(); st.KVBlocksUsed != 0 || st.Running != 0 || st.Waiting != 0 {
 		t.Errorf("after all requests: %+v", st)
 	}

@@ -185,10 +185,7 @@ func TestMultiProcEngineTP2(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("..", "testdata", name)
 			ref := loadReference(t, dir)
-			var reqs []Request
-			for _, p := range ref.Prompts {
-				reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
-			}
+			reqs := ref.greedyRequests()
 			eo := Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet}
 			ctx := testCtx(t)
 

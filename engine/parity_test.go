@@ -103,6 +103,25 @@ func checkGreedy(t *testing.T, got, want []int, margins []float64) {
 	}
 }
 
+// greedyRequests are the engine requests of the reference's prompts, each for as many
+// tokens as Hugging Face's greedy continuation of it holds.
+func (r *reference) greedyRequests() []Request {
+	var reqs []Request
+	for _, p := range r.Prompts {
+		reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
+	}
+	return reqs
+}
+
+// checkGreedyAll checks the tokens generated for each prompt (got, in the order of
+// greedyRequests) against Hugging Face's greedy continuations (see checkGreedy).
+func (r *reference) checkGreedyAll(t *testing.T, got [][]int) {
+	t.Helper()
+	for i, p := range r.Prompts {
+		checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
+	}
+}
+
 // generatePrompt is the prompt as Hugging Face's generate saw it when the references were
 // made: the fixture script passed pad_token_id=0 and no attention mask, so transformers took
 // leading id-0 tokens (the BOS of the Llama 3 style tokenizers) for left padding, masked them
