@@ -161,18 +161,7 @@ func TestGemv(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 21))
 	for _, c := range gemvCases() {
 		xh, wh, x, w, mag := gemvInputs(t, d, rng, c)
-		xs, ws := xh.Cast(tensor.BF16).Float32s(), wh.Float32s()
-		ref := make([]float32, c.M*c.N)
-		for m := range c.M {
-			for n := range c.N {
-				s := 0.0
-				for k := range c.K {
-					s += float64(xs[m*c.K+k]) * float64(ws[n*c.K+k])
-				}
-				ref[m*c.N+n] = float32(s)
-			}
-		}
-		want := tensor.FromF32(ref, c.M, c.N).Cast(c.xdt)
+		want := gemmRef(xh, wh, c)
 		out := like(t, d, want)[0]
 		if _, fits := gemvFits(x, w); fits != (c.K%8 == 0) {
 			t.Fatalf("%s: gemv fits: %v", c, fits)
