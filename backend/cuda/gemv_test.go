@@ -152,6 +152,23 @@ func gemvRun(t *testing.T, d *Device, out, x, w *Tensor, tl gemvConfig) gemvConf
 	return p.cfg
 }
 
+// gemmRef is the host reference of out = x·wᵀ: x rounded to bf16 (as linear does for f32
+// x), exact products and sums in float64, rounded to x's dtype.
+func gemmRef(xh, wh *tensor.Tensor, c gemvCase) *tensor.Tensor {
+	xs, ws := xh.Cast(tensor.BF16).Float32s(), wh.Float32s()
+	ref := make([]float32, c.M*c.N)
+	for m := range c.M {
+		for n := range c.N {
+			s := 0.0
+			for k := range c.K {
+				s += float64(xs[m*c.K+k]) * float64(ws[n*c.K+k])
+			}
+			ref[m*c.N+n] = float32(s)
+		}
+	}
+	return tensor.FromF32(ref, c.M, c.N).Cast(c.xdt)
+}
+
 // TestGemv checks the gemv kernel against a float64 reference on the host: x rounded to bf16
 // (as linear does for f32 x), exact products and sums, rounded to the output dtype;
 // tolerance gemvTol with 2e-5·m (f32 sums). Cases with K not a multiple of 8 do not fit the
