@@ -45,10 +45,9 @@ type Device struct {
 	blasWork *block
 	// pdl: launch the kernels of pdlFiles with programmatic dependent launch (usePDL).
 	pdl bool
-	// copied is set when a copy or memset was queued after the last kernel: the next kernel
-	// then launches without PDL. Its pdl_wait waits for the kernel before it, not for the
-	// copy, which it could otherwise overtake (seen with inputs staged in pinned memory,
-	// whose copies the DMA engines run while the kernel starts).
+	// copied is set when a copy or memset was queued after the last kernel (copyHtoD and
+	// the rest): the next kernel then launches without PDL. Its pdl_wait waits for the
+	// grid before it, not for the copy, which it could otherwise overtake.
 	copied bool
 	// gemmTune holds the cuBLASLt handle and the GEMM algorithm chosen per shape
 	// (gemm_tune.go); nil until linear first tunes.
@@ -134,7 +133,7 @@ func Open(ordinal int) (*Device, error) {
 		return fail(err)
 	}
 	d.errWord = b.ptr
-	if err := cubind.MemsetD32Async(d.errWord, 0, 4, d.stream); err != nil {
+	if err := d.memset32(d.errWord, 0, 4); err != nil {
 		return fail(err)
 	}
 	return d, nil
@@ -361,6 +360,29 @@ func (d *Device) sideStream() (cubind.Stream, error) {
 	return d.side, nil
 }
 
+// copyHtoD, copyDtoD, memset8 and memset32 queue a write of device memory on the device's
+// stream other than a kernel: the next kernel then launches without PDL (see copied). The
+// device must be locked with its context current.
+func (d *Device) copyHtoD(dst cubind.DevicePtr, src []byte) error {
+	d.copied = true
+	return cubind.MemcpyHtoDAsync(dst, src, d.stream)
+}
+
+func (d *Device) copyDtoD(dst, src cubind.DevicePtr, n uint64) error {
+	d.copied = true
+	return cubind.MemcpyDtoDAsync(dst, src, n, d.stream)
+}
+
+func (d *Device) memset8(dst cubind.DevicePtr, v uint8, n uint64) error {
+	d.copied = true
+	return cubind.MemsetD8Async(dst, v, n, d.stream)
+}
+
+func (d *Device) memset32(dst cubind.DevicePtr, v uint32, n uint64) error {
+	d.copied = true
+	return cubind.MemsetD32Async(dst, v, n, d.stream)
+}
+
 // Sync waits for all queued work and reports its errors, including ids out of range that
 // an embedding met since the last Sync.
 func (d *Device) Sync() error { return d.do(d.sync) }
@@ -382,8 +404,7 @@ func (d *Device) wordError(w [4]int32) error {
 	if w[0] == 0 {
 		return nil
 	}
-	d.copied = true
-	if err := cubind.MemsetD32Async(d.errWord, 0, 4, d.stream); err != nil {
+	if err := d.memset32(d.errWord, 0, 4); err != nil {
 		return fmt.Errorf("cuda: sync: %w", err)
 	}
 	if err := pagedError(w); err != nil {
@@ -508,8 +529,7 @@ func (d *Device) upload(h *tensor.Tensor) (*Tensor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: upload %s%v: %w", h.DType, h.Shape, err)
 	}
-	d.copied = true
-	if err := cubind.MemcpyHtoDAsync(t.ptr, hostBytes(h), d.stream); err != nil {
+	if err := d.copyHtoD(t.ptr, hostBytes(h)); err != nil {
 		d.Free(t)
 		return nil, fmt.Errorf("cuda: upload %s%v: %w", h.DType, h.Shape, err)
 	}

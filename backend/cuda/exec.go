@@ -930,8 +930,7 @@ func (p *Program) loadResident(inputs map[string]*tensor.Tensor) error {
 					return err
 				}
 				p.fixed[s] = t
-				p.dev.copied = true
-				return cubind.MemsetD8Async(t.ptr, 0, uint64(t.Bytes()), p.dev.stream)
+				return p.dev.memset8(t.ptr, 0, uint64(t.Bytes()))
 			}
 			t, err := p.dev.upload(h)
 			if err != nil {

@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/loom-ml/loom/backend"
-	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -99,8 +98,7 @@ func copyIn(d *Device, dst *Tensor, h *tensor.Tensor) error {
 	if h.DType.Size()*h.Numel() != dst.Bytes() {
 		return fmt.Errorf("holds %d bytes, its slot %d", h.DType.Size()*h.Numel(), dst.Bytes())
 	}
-	d.copied = true
-	return cubind.MemcpyHtoDAsync(dst.ptr, hostBytes(h), d.stream)
+	return d.copyHtoD(dst.ptr, hostBytes(h))
 }
 
 // isResident reports whether slot s is an input named by Options.Resident.

@@ -449,7 +449,7 @@ func (d *Device) newGemmFlush(weightBytes int) *gemmFlush {
 	if err != nil {
 		return nil
 	}
-	if err := cubind.MemsetD8Async(p, 0, n, d.stream); err != nil {
+	if err := d.memset8(p, 0, n); err != nil {
 		cubind.MemFree(p)
 		return nil
 	}
@@ -507,7 +507,7 @@ func (d *Device) timeGemms(key gemmKey, prob *gemmProblem, cands []gemmCandidate
 		c := &cands[i]
 		// Poison the output (all ones: NaN in bf16 and f32) so that a candidate that writes
 		// nothing cannot pass.
-		if err := cubind.MemsetD8Async(out.ptr, 0xff, uint64(out.Bytes()), d.stream); err != nil {
+		if err := d.memset8(out.ptr, 0xff, uint64(out.Bytes())); err != nil {
 			return fail("memset", err)
 		}
 		if err := d.runGemm(c, prob, key, out, x, w); err != nil {

@@ -140,8 +140,7 @@ func (p *Program) launch(ctx context.Context, pl *memPlan, inputs map[string]*te
 		if in := vals[feed]; in.DType != tensor.I32 || ls.last == nil || ls.lastN != in.Numel() {
 			return fmt.Errorf("feed input_ids %s%v from the previous launch's %d sampled ids: want i32 and as many", in.DType, in.Shape, ls.lastN)
 		}
-		d.copied = true
-		if err := cubind.MemcpyDtoDAsync(vals[feed].ptr, ls.last.ptr, uint64(4*ls.lastN), d.stream); err != nil {
+		if err := d.copyDtoD(vals[feed].ptr, ls.last.ptr, uint64(4*ls.lastN)); err != nil {
 			return fmt.Errorf("feed input_ids: %w", err)
 		}
 	}

@@ -639,8 +639,7 @@ func (d *Device) linear(out, x, w *Tensor) error {
 		return nil
 	}
 	if K == 0 {
-		d.copied = true
-		return wrap("cuda: linear", cubind.MemsetD8Async(out.ptr, 0, uint64(out.Bytes()), d.stream))
+		return wrap("cuda: linear", d.memset8(out.ptr, 0, uint64(out.Bytes())))
 	}
 	if max(M, N, K) > 1<<31-1 {
 		return fmt.Errorf("cuda: linear: %dx%dx%d exceeds cuBLAS's 32-bit sizes", M, N, K)

@@ -159,10 +159,10 @@ func (r *PeerRank) setup() error {
 			return err
 		}
 		r.own = p
-		if err := cubind.MemsetD8Async(p, 0, peerDataOffset, d.stream); err != nil {
+		if err := d.memset8(p, 0, peerDataOffset); err != nil {
 			return err
 		}
-		if err := cubind.MemsetD32Async(p+peerDataOffset, peerEmpty, r.peerDataBytes()/4, d.stream); err != nil {
+		if err := d.memset32(p+peerDataOffset, peerEmpty, r.peerDataBytes()/4); err != nil {
 			return err
 		}
 		return d.stream.Synchronize()
