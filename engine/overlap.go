@@ -156,11 +156,8 @@ func (rs *rankSet) wait(ctx context.Context, f *rankFlight) ([]int32, error) {
 			wg.Go(func() { one(r) })
 		}
 		wg.Wait()
-		if failed := slices.IndexFunc(errs, func(err error) bool { return err != nil && !errors.Is(err, context.Canceled) }); failed >= 0 && parent.Err() == nil {
-			errs = slices.DeleteFunc(errs, func(err error) bool { return errors.Is(err, context.Canceled) })
-		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := rankErrors(parent, errs); err != nil {
 		return nil, err
 	}
 	return ids, nil

@@ -212,12 +212,8 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 			wg.Go(func() { runRank(r) })
 		}
 		wg.Wait()
-		// The ranks cancelled because another failed only add noise to its error.
-		if failed := slices.IndexFunc(errs, func(err error) bool { return err != nil && !errors.Is(err, context.Canceled) }); failed >= 0 && parent.Err() == nil {
-			errs = slices.DeleteFunc(errs, func(err error) bool { return errors.Is(err, context.Canceled) })
-		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := rankErrors(parent, errs); err != nil {
 		return nil, nil, err
 	}
 	if draws != nil {
@@ -227,4 +223,13 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 		return nil, nil, errors.New("the model returned no f32[1,S,vocab] logits")
 	}
 	return outs[0][0], nil, nil
+}
+
+// rankErrors joins the ranks' errors of one step. When a rank failed, those of the ranks
+// cancelled because of it only add noise and are left out (unless parent itself ended).
+func rankErrors(parent context.Context, errs []error) error {
+	if failed := slices.IndexFunc(errs, func(err error) bool { return err != nil && !errors.Is(err, context.Canceled) }); failed >= 0 && parent.Err() == nil {
+		errs = slices.DeleteFunc(slices.Clone(errs), func(err error) bool { return errors.Is(err, context.Canceled) })
+	}
+	return errors.Join(errs...)
 }
