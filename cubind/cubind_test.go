@@ -190,6 +190,22 @@ extern "C" __global__ void incr(int* x, int n) {
 }
 `
 
+// kernelOnStream compiles src, returns its kernel name and a new non-blocking stream,
+// destroyed when the test ends.
+func kernelOnStream(t *testing.T, d Device, src, name string) (Function, Stream) {
+	t.Helper()
+	f, err := compileTest(t, d, src).Function(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := StreamCreate(StreamNonBlocking)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destroy() })
+	return f, s
+}
+
 func compileTest(t *testing.T, d Device, src string) Module {
 	t.Helper()
 	ma, mi, err := d.ComputeCapability()
@@ -279,16 +295,7 @@ func TestNVRTCCompileError(t *testing.T) {
 
 func TestEventsAndGraphs(t *testing.T) {
 	d := withGPU(t)
-	m := compileTest(t, d, testKernels)
-	f, err := m.Function("incr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := StreamCreate(StreamNonBlocking)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
+	f, s := kernelOnStream(t, d, testKernels, "incr")
 	const n = 1 << 20
 	x, _ := MemAlloc(4 * n)
 	defer MemFree(x)
@@ -456,16 +463,7 @@ func TestLaunchKernelPDL(t *testing.T) {
 	if !HasPDL() {
 		t.Fatal("the driver has no cuLaunchKernelEx")
 	}
-	m := compileTest(t, d, pdlKernel)
-	f, err := m.Function("pdl_incr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := StreamCreate(StreamNonBlocking)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
+	f, s := kernelOnStream(t, d, pdlKernel, "pdl_incr")
 	const n, chain = 1 << 22, 50
 	x, _ := MemAlloc(4 * n)
 	defer MemFree(x)
