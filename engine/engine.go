@@ -532,7 +532,6 @@ func (e *Engine) loop() {
 type flight struct {
 	plan  []stepSeq
 	seqs  []*sequence
-	draws []sample.DeviceDraw // the device's choices, or nil: the host samples the logits
 	start time.Time
 	// ahead is set for a step launched before the previous step's tokens were known.
 	ahead bool
@@ -553,9 +552,9 @@ func (e *Engine) launch(plan []stepSeq) *flight {
 		f.seqs[i] = e.byID(p.seq)
 	}
 	e.mu.Unlock()
-	f.draws = e.deviceDraws(plan, f.seqs)
-	if f.draws == nil || e.launchers == nil {
-		f.logits, f.ids, f.err = e.runStep(plan, f.draws)
+	draws := e.deviceDraws(plan, f.seqs) // nil: the host samples the logits
+	if draws == nil || e.launchers == nil {
+		f.logits, f.ids, f.err = e.runStep(plan, draws)
 		return f
 	}
 	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
@@ -563,7 +562,7 @@ func (e *Engine) launch(plan []stepSeq) *flight {
 		f.err = err
 		return f
 	}
-	f.ranks = e.ranks.launch(e.loopCtx, e.launchers, in, f.draws, false)
+	f.ranks = e.ranks.launch(e.loopCtx, e.launchers, in, draws, false)
 	return f
 }
 

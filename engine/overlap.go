@@ -202,7 +202,7 @@ func (e *Engine) launchAhead(cur *flight) *flight {
 	if !ok || err != nil {
 		return nil
 	}
-	f := &flight{plan: plan, seqs: cur.seqs, draws: draws, ahead: true}
+	f := &flight{plan: plan, seqs: cur.seqs, ahead: true}
 	f.ranks = e.ranks.launch(e.loopCtx, e.launchers, in, draws, true)
 	return f
 }
