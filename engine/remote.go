@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -93,6 +94,11 @@ func isCacheInput(name string) bool { return strings.HasPrefix(name, "kv_cache."
 // encodeStep lays a step out: every input but the caches, which must hold their data
 // (i32, i64 or f32), sorted by name; the caches give only their number of blocks.
 func encodeStep(step uint64, inputs map[string]*tensor.Tensor) ([]byte, error) {
+	return appendStep(nil, step, inputs)
+}
+
+// appendStep is encodeStep appending to b.
+func appendStep(b []byte, step uint64, inputs map[string]*tensor.Tensor) ([]byte, error) {
 	names := make([]string, 0, len(inputs))
 	blocks := 0
 	for name, t := range inputs {
@@ -109,7 +115,7 @@ func encodeStep(step uint64, inputs map[string]*tensor.Tensor) ([]byte, error) {
 	for _, name := range names {
 		size += 4 + len(name) + 4*len(inputs[name].Shape) + 8*tensor.Numel(inputs[name].Shape)
 	}
-	b := make([]byte, 0, size)
+	b = slices.Grow(b, size)
 	b = binary.LittleEndian.AppendUint64(b, step)
 	b = binary.LittleEndian.AppendUint32(b, uint32(blocks))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(names)))
@@ -263,11 +269,7 @@ const drawBytes = 32
 
 // encodeLaunch lays a launch out: feed, the draws, then the step as encodeStep does.
 func encodeLaunch(step uint64, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed bool) ([]byte, error) {
-	body, err := encodeStep(step, inputs)
-	if err != nil {
-		return nil, err
-	}
-	b := make([]byte, 0, 5+drawBytes*len(draws)+len(body))
+	b := make([]byte, 0, 5+drawBytes*len(draws))
 	f := byte(0)
 	if feed {
 		f = 1
@@ -282,7 +284,7 @@ func encodeLaunch(step uint64, inputs map[string]*tensor.Tensor, draws []sample.
 		b = binary.LittleEndian.AppendUint64(b, d.Seed)
 		b = binary.LittleEndian.AppendUint64(b, d.Counter)
 	}
-	return append(b, body...), nil
+	return appendStep(b, step, inputs)
 }
 
 // decodeLaunch reads what encodeLaunch wrote.
