@@ -58,7 +58,7 @@ type Options struct {
 	// its context ends). A request that could never fit fails with ErrRequestTooLarge either way.
 	QueueOnFull bool
 	// HostSampling makes every token be chosen on the host from logits brought back, even
-	// when the executable could sample on its device (see deviceSampler).
+	// when the executables could sample on their devices (see stepLauncher).
 	HostSampling bool
 	// SyncSteps waits for each step's tokens before queuing the next. By default, when the
 	// device chooses the tokens, the next decode step is queued while the current one runs
@@ -535,11 +535,11 @@ type flight struct {
 	start time.Time
 	// ahead is set for a step launched before the previous step's tokens were known.
 	ahead bool
-	// ranks is the step queued on every rank's device; without launchers the step ran when
-	// launched, and logits, ids and err hold its outcome (see runStep).
+	// ranks is the step queued on every rank's device, which chooses its tokens; otherwise
+	// the step ran when launched, and logits (for the host to sample) and err hold its
+	// outcome (see runStep).
 	ranks  *rankFlight
 	logits [][]float32
-	ids    []int32
 	err    error
 }
 
@@ -552,9 +552,9 @@ func (e *Engine) launch(plan []stepSeq) *flight {
 		f.seqs[i] = e.byID(p.seq)
 	}
 	e.mu.Unlock()
-	draws := e.deviceDraws(plan, f.seqs) // nil: the host samples the logits
-	if draws == nil || e.launchers == nil {
-		f.logits, f.ids, f.err = e.runStep(plan, draws)
+	draws := e.deviceDraws(plan, f.seqs)
+	if draws == nil {
+		f.logits, f.err = e.runStep(plan)
 		return f
 	}
 	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
@@ -574,7 +574,8 @@ func (e *Engine) collect(f *flight) {
 	if f.ahead {
 		start = e.lastCollect
 	}
-	logits, ids, err := f.logits, f.ids, f.err
+	logits, err := f.logits, f.err
+	var ids []int32
 	if f.ranks != nil {
 		ids, err = e.ranks.wait(e.loopCtx, f.ranks)
 		if err == nil && len(ids) != len(f.plan) {
@@ -683,39 +684,32 @@ func nextToken(s *sequence, r sample.Result) stepResult {
 }
 
 // runStep builds the step's inputs and runs every rank. It returns rank 0's logits of each
-// sequence's last token in the step, one row [vocab] per plan entry; or, when draws is set
-// (see deviceDraws), the token rank 0 chose on its device for each plan entry. With
-// gather_logits in the graph only those rows are computed; otherwise they are taken from
-// the full [1,S,vocab].
-func (e *Engine) runStep(plan []stepSeq, draws []sample.DeviceDraw) (rows [][]float32, ids []int32, err error) {
+// sequence's last token in the step, one row [vocab] per plan entry. With gather_logits in
+// the graph only those rows are computed; otherwise they are taken from the full
+// [1,S,vocab].
+func (e *Engine) runStep(plan []stepSeq) (rows [][]float32, err error) {
 	defer func() {
 		if p := recover(); p != nil { // a kernel bug must not take the engine down
-			rows, ids, err = nil, nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
+			rows, err = nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
 		}
 	}()
 	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	out, ids, err := e.ranks.run(e.loopCtx, in, draws)
+	out, err := e.ranks.run(e.loopCtx, in)
 	if err != nil {
 		if e.loopCtx.Err() != nil {
-			return nil, nil, ErrClosed
+			return nil, ErrClosed
 		}
-		return nil, nil, err
-	}
-	if draws != nil {
-		if len(ids) != len(plan) {
-			return nil, nil, fmt.Errorf("the device sampler returned %d tokens for %d sequences", len(ids), len(plan))
-		}
-		return nil, ids, nil
+		return nil, err
 	}
 	V, want := e.layout.Vocab, in["input_ids"].Shape[1]
 	if e.layout.LogitRows {
 		want = len(plan)
 	}
 	if out.Shape[0] != 1 || out.Shape[1] != want || out.Shape[2] != V {
-		return nil, nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, want, V)
+		return nil, fmt.Errorf("logits are %v, want [1,%d,%d]", out.Shape, want, V)
 	}
 	rows = make([][]float32, len(plan))
 	end := 0
@@ -727,14 +721,7 @@ func (e *Engine) runStep(plan []stepSeq, draws []sample.DeviceDraw) (rows [][]fl
 		}
 		rows[i] = out.F32[row*V : (row+1)*V]
 	}
-	return rows, nil, nil
-}
-
-// deviceSampler is an Executable that can also choose the next tokens on its device, from
-// the logits rows of gather_logits (one per sequence), and return token ids instead of the
-// logits: draws holds one choice per row.
-type deviceSampler interface {
-	RunSampled(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw) ([]int32, error)
+	return rows, nil
 }
 
 // discarder is an Executable that can run a step without bringing its outputs back (a
@@ -753,11 +740,11 @@ func runDiscard(ctx context.Context, exe Executable, inputs map[string]*tensor.T
 	return err
 }
 
-// deviceDraws returns the device draws of a step's sequences when rank 0 samples on its
-// device and every sequence that takes a token this step can be sampled there (see
-// sample.Sampler.DeviceDraw); otherwise nil, and the step brings the logits back.
+// deviceDraws returns the device draws of a step's sequences when the ranks sample on
+// their devices (launchers) and every sequence that takes a token this step can be sampled
+// there (see sample.Sampler.DeviceDraw); otherwise nil, and the step brings the logits back.
 func (e *Engine) deviceDraws(plan []stepSeq, seqs []*sequence) []sample.DeviceDraw {
-	if _, ok := e.ranks.ranks[0].Exe.(deviceSampler); (!ok && e.launchers == nil) || !e.layout.LogitRows || e.opts.HostSampling {
+	if e.launchers == nil {
 		return nil
 	}
 	draws := make([]sample.DeviceDraw, len(plan))

@@ -205,7 +205,7 @@ func TestCachedEqualsRecompute(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				out, _, err := rs.run(context.Background(), in, nil)
+				out, err := rs.run(context.Background(), in)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -607,31 +607,6 @@ func TestStepError(t *testing.T) {
 	}
 }
 
-// hostArgmaxSampler stands in for a device sampler: it runs the real executable and picks
-// each row's argmax itself, counting the steps it sampled.
-type hostArgmaxSampler struct {
-	Executable
-	sampled atomic.Int32
-}
-
-func (h *hostArgmaxSampler) RunSampled(ctx context.Context, in map[string]*tensor.Tensor, draws []sample.DeviceDraw) ([]int32, error) {
-	out, err := h.Run(ctx, in)
-	if err != nil {
-		return nil, err
-	}
-	h.sampled.Add(1)
-	V := out[0].Shape[2]
-	ids := make([]int32, len(draws))
-	for i, d := range draws {
-		if d.Temperature != 0 {
-			return nil, fmt.Errorf("row %d: only greedy draws here, got %+v", i, d)
-		}
-		row := out[0].F32[i*V : (i+1)*V]
-		ids[i] = int32(slices.Index(row, slices.Max(row)))
-	}
-	return ids, nil
-}
-
 // An executable that samples on its device gets the step's draws and returns token ids;
 // the tokens equal the host sampler's. Requests that need the host (log-probabilities)
 // bring the logits back instead, as does Options.HostSampling.
@@ -647,7 +622,7 @@ func TestDeviceSampling(t *testing.T) {
 		onDevice     bool
 	}{{"device", false, false, true}, {"logprobs", false, true, false}, {"host option", true, false, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			exe := &hostArgmaxSampler{Executable: m.Program}
+			exe := &asyncLauncher{Executable: m.Program}
 			e, err := NewRanks(context.Background(), []Rank{{Graph: m.Graph, Exe: exe}}, ModelInfo{MaxPositions: 256}, Options{Logger: quiet, HostSampling: tc.hostSampling})
 			if err != nil {
 				t.Fatal(err)
@@ -660,7 +635,7 @@ func TestDeviceSampling(t *testing.T) {
 			if got := generateAll(t, e, rs); !slices.EqualFunc(got, want, slices.Equal) {
 				t.Errorf("tokens %v, want %v", got, want)
 			}
-			if n := exe.sampled.Load(); (n > 0) != tc.onDevice {
+			if n := exe.launched.Load(); (n > 0) != tc.onDevice {
 				t.Errorf("%d steps sampled on the device, want any: %v", n, tc.onDevice)
 			}
 		})

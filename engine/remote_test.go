@@ -216,7 +216,7 @@ func TestRemoteStepsForwarded(t *testing.T) {
 			rs := newTestRankSet(t, rank0, rrs, blocks)
 			steps := testSteps(t, blocks)
 			for i, in := range steps {
-				out, _, err := rs.run(ctx, in, nil)
+				out, err := rs.run(ctx, in)
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
@@ -283,10 +283,10 @@ func TestRemoteErrorNamesRank(t *testing.T) {
 	}}
 	rs := newTestRankSet(t, rank0, rrs, 8)
 	steps := testSteps(t, 8)
-	if _, _, err := rs.run(ctx, steps[0], nil); err != nil {
+	if _, err := rs.run(ctx, steps[0]); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := rs.run(ctx, steps[1], nil)
+	_, err := rs.run(ctx, steps[1])
 	if err == nil || !strings.Contains(err.Error(), "rank 2: step 2 on the follower: nccl: rank 2: kernel exploded") {
 		t.Fatalf("error = %v, want rank 2's failure", err)
 	}
@@ -296,7 +296,7 @@ func TestRemoteErrorNamesRank(t *testing.T) {
 	if werr := <-waited; !errors.Is(werr, context.Canceled) {
 		t.Errorf("rank 0 waiting in its step: %v, want it cancelled", werr)
 	}
-	if _, _, err := rs.run(ctx, steps[2], nil); err != nil {
+	if _, err := rs.run(ctx, steps[2]); err != nil {
 		t.Errorf("the step after a follower's error: %v", err)
 	}
 }
@@ -316,12 +316,12 @@ func TestRemoteFollowerDisconnect(t *testing.T) {
 	conn <- fs[0].conn
 	rs := newTestRankSet(t, &fakeRank{vocab: 2}, rrs, 8)
 	steps := testSteps(t, 8)
-	if _, _, err := rs.run(ctx, steps[0], nil); err != nil {
+	if _, err := rs.run(ctx, steps[0]); err != nil {
 		t.Fatal(err)
 	}
 	for i, in := range steps[1:] {
 		start := time.Now()
-		_, _, err := rs.run(ctx, in, nil)
+		_, err := rs.run(ctx, in)
 		if err == nil || !strings.Contains(err.Error(), "rank 1: step 2: the follower process closed its connection") {
 			t.Errorf("step %d after the follower died: %v", i+2, err)
 		}
@@ -349,7 +349,7 @@ func TestRemoteRank0Ends(t *testing.T) {
 			ctx := testCtx(t)
 			rrs, fs := startWorld(t, ctx, []Executable{&fakeRank{}, &fakeRank{}}, testSpec)
 			rs := newTestRankSet(t, &fakeRank{vocab: 2}, rrs, 8)
-			if _, _, err := rs.run(ctx, testSteps(t, 8)[0], nil); err != nil {
+			if _, err := rs.run(ctx, testSteps(t, 8)[0]); err != nil {
 				t.Fatal(err)
 			}
 			for _, rr := range rrs {

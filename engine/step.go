@@ -10,7 +10,6 @@ import (
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
-	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 	"github.com/loom-ml/loom/transform"
 )
@@ -171,12 +170,12 @@ type rankSet struct {
 }
 
 // run runs one step on every rank, concurrently when there are several, and returns rank
-// 0's logits f32[1,S,vocab], or with draws the tokens rank 0 sampled on its device (see
-// deviceSampler). shared holds the step inputs every rank gets; each rank adds its own
-// caches. Only rank 0's outputs are read: the other ranks may return none (a rank in
-// another process, see remoteRank). When a rank fails, the others are cancelled, so that
-// none waits for it in a collective.
-func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, draws []sample.DeviceDraw) (*tensor.Tensor, []int32, error) {
+// 0's logits f32[1,S,vocab]. shared holds the step inputs every rank gets; each rank adds
+// its own caches. Only rank 0's outputs are read: the other ranks may return none (a rank
+// in another process, see remoteRank). When a rank fails, the others are cancelled, so that
+// none waits for it in a collective. (Steps whose tokens the devices choose are launched and
+// waited for instead: launch and wait in overlap.go.)
+func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*tensor.Tensor, error) {
 	parent, cancel := ctx, context.CancelFunc(func() {})
 	if len(rs.ranks) > 1 {
 		ctx, cancel = context.WithCancel(ctx)
@@ -184,19 +183,15 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 	defer cancel()
 	outs := make([][]*tensor.Tensor, len(rs.ranks))
 	errs := make([]error, len(rs.ranks))
-	var ids []int32
 	runRank := func(r int) {
 		in := make(map[string]*tensor.Tensor, len(shared)+2*len(rs.caches[r].K))
 		for k, v := range shared {
 			in[k] = v
 		}
 		rs.caches[r].Bind(in)
-		switch ds, ok := rs.ranks[r].Exe.(deviceSampler); {
-		case r > 0:
+		if r > 0 {
 			errs[r] = runDiscard(ctx, rs.ranks[r].Exe, in)
-		case ok && draws != nil:
-			ids, errs[r] = ds.RunSampled(ctx, in, draws)
-		default:
+		} else {
 			outs[r], errs[r] = rs.ranks[r].Exe.Run(ctx, in)
 		}
 		if errs[r] != nil && len(rs.ranks) > 1 {
@@ -214,15 +209,12 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor, dr
 		wg.Wait()
 	}
 	if err := rankErrors(parent, errs); err != nil {
-		return nil, nil, err
-	}
-	if draws != nil {
-		return nil, ids, nil
+		return nil, err
 	}
 	if len(outs[0]) == 0 || len(outs[0][0].Shape) != 3 || outs[0][0].DType != tensor.F32 {
-		return nil, nil, errors.New("the model returned no f32[1,S,vocab] logits")
+		return nil, errors.New("the model returned no f32[1,S,vocab] logits")
 	}
-	return outs[0][0], nil, nil
+	return outs[0][0], nil
 }
 
 // rankErrors joins the ranks' errors of one step. When a rank failed, those of the ranks
