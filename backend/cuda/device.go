@@ -214,6 +214,25 @@ func (d *Device) do(f func() error) error {
 	return f()
 }
 
+// unlocked runs f with the device's context current on the goroutine's OS thread but the
+// device not locked, for waits that must not hold up launches from other goroutines: f may
+// only call the driver (events, queries), never Device methods. The Device must not be
+// closed meanwhile.
+func (d *Device) unlocked(f func() error) error {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return errClosed
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := d.ctx.SetCurrent(); err != nil {
+		return fmt.Errorf("cuda: %w", err)
+	}
+	return f()
+}
+
 // Close waits for queued work, frees the device's memory and modules and releases the
 // context. Tensors of the device must not be used afterwards.
 func (d *Device) Close() error {

@@ -234,7 +234,10 @@ func (l *Launched) Wait(ctx context.Context) ([]int32, error) {
 		return nil, errors.New("cuda: wait: the launch was already waited for")
 	}
 	var ids []int32
-	err := p.dev.do(func() error {
+	// The wait holds no lock of the device, so that the next step can be launched from
+	// another goroutine meanwhile (a follower launches as it reads rank 0's frames and
+	// waits as it replies).
+	err := p.dev.unlocked(func() error {
 		if p.comm != nil && p.hasCollectives {
 			if err := p.comm.Wait(ctx, slot.done); err != nil {
 				return errors.Join(fmt.Errorf("rank %d", p.rank), err)
@@ -242,30 +245,11 @@ func (l *Launched) Wait(ctx context.Context) ([]int32, error) {
 		} else if err := slot.done.Synchronize(); err != nil {
 			return err
 		}
-		// The step is done: its ids and the error word come back on the side stream, which
-		// does not wait for the next step, queued behind this one on the device's stream.
-		side, err := p.dev.sideStream()
-		if err != nil {
-			return err
-		}
-		var w [4]int32
-		if err := cubind.MemcpyDtoHAsync(w[:], p.dev.errWord, side); err != nil {
-			return fmt.Errorf("copy the error word back: %w", err)
-		}
-		if err := p.dev.wordError(w); err != nil {
-			return err
-		}
-		if slot.clocked {
-			p.busy.addSpan(slot.begin, slot.end)
-		}
-		if l.down {
-			ids = make([]int32, l.n)
-			if err := cubind.MemcpyDtoHAsync(ids, slot.ids.ptr, side); err != nil {
-				return fmt.Errorf("sample: copy the ids back: %w", err)
-			}
-		}
 		return nil
 	})
+	if err == nil {
+		err = p.dev.do(func() error { return l.collect(&ids) })
+	}
 	p.mu.Lock()
 	slot.inFlight = false
 	p.mu.Unlock()
@@ -273,6 +257,34 @@ func (l *Launched) Wait(ctx context.Context) ([]int32, error) {
 		return nil, fmt.Errorf("cuda: wait %s: %w", p.g.Name, err)
 	}
 	return ids, nil
+}
+
+// collect reads a finished launch's error word and, with Download, its ids into *ids, on
+// the side stream, which does not wait for the next step queued behind this one on the
+// device's stream; the device is locked.
+func (l *Launched) collect(ids *[]int32) error {
+	p, slot := l.p, l.slot
+	side, err := p.dev.sideStream()
+	if err != nil {
+		return err
+	}
+	var w [4]int32
+	if err := cubind.MemcpyDtoHAsync(w[:], p.dev.errWord, side); err != nil {
+		return fmt.Errorf("copy the error word back: %w", err)
+	}
+	if err := p.dev.wordError(w); err != nil {
+		return err
+	}
+	if slot.clocked {
+		p.busy.addSpan(slot.begin, slot.end)
+	}
+	if l.down {
+		*ids = make([]int32, l.n)
+		if err := cubind.MemcpyDtoHAsync(*ids, slot.ids.ptr, side); err != nil {
+			return fmt.Errorf("sample: copy the ids back: %w", err)
+		}
+	}
+	return nil
 }
 
 // createEvents creates events without timing for the first and with timing for the rest.
