@@ -255,3 +255,52 @@ func init() {
 		},
 	})
 }
+
+// Fused ops of a linear and the packed op that reads its output: a backend can apply the
+// activation or the rotation in the epilogue of its GEMM, without writing the packed
+// projections out and reading them back.
+
+func init() {
+	Register(&OpSpec{
+		Name: "linear_swiglu", Doc: "swiglu_packed(linear(x, w)): the fused gate|up projection and its activation. x[...,K], w[2I,K] (the gate's I rows, then the up's) -> silu(gate) * up [...,I] of x's dtype, the projections rounded to x's dtype first.",
+		Inputs: []string{"x", "w"},
+		Infer: func(n *Node) ([]Type, error) {
+			return inferThroughLinear(n, "swiglu_packed")
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			y := b.Linear(n.Inputs[0], n.Inputs[1])
+			return []*Value{b.Op("swiglu_packed", nil, y)}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "linear_qkv_rope", Doc: "qkv_rope(linear(x, w), positions): the fused q|k|v projection laid out as heads and rotated. x[B,S,K], w[(H+2*KV)*D,K], positions[B,S] -> q[B,H,S,D], k[B,KV,S,D], v[B,KV,S,D] of x's dtype, the projections rounded to x's dtype first.",
+		Inputs: []string{"x", "w", "positions"},
+		Attrs: []AttrSpec{
+			{Name: "heads", Type: AttrInt, Doc: "query heads H"},
+			{Name: "kv_heads", Type: AttrInt, Doc: "key/value heads KV"},
+			{Name: "inv_freq", Type: AttrFloats, Doc: "the D/2 inverse frequencies"},
+			{Name: "scaling", Type: AttrFloat, Default: 1.0, Doc: "attention scaling applied to cos and sin"},
+		},
+		Infer: func(n *Node) ([]Type, error) {
+			return inferThroughLinear(n, "qkv_rope", n.Inputs[2])
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			y := b.Linear(n.Inputs[0], n.Inputs[1])
+			outs := b.Apply("qkv_rope", n.Attrs, y, n.Inputs[2])
+			return outs, b.Err()
+		},
+	})
+}
+
+// inferThroughLinear infers a linear's output from n's first two inputs (x, w), then the
+// types of op reading it, with n's attributes and the rest of n's inputs after it.
+func inferThroughLinear(n *Node, op string, rest ...*Value) ([]Type, error) {
+	lin, _ := Lookup("linear")
+	t, err := lin.Infer(&Node{Op: "linear", Inputs: n.Inputs[:2]})
+	if err != nil {
+		return nil, err
+	}
+	spec, _ := Lookup(op)
+	inner := &Node{Op: op, Attrs: n.Attrs, Inputs: append([]*Value{{Name: "linear", Type: t[0]}}, rest...)}
+	return spec.Infer(inner)
+}

@@ -436,6 +436,16 @@ func packedInferCases() []inferCase {
 		{op: "swiglu_packed", in: []Type{ty(f32t, "B", "I")}, err: "last axis I is not of a constant even size"},
 		{op: "swiglu_packed", in: []Type{ty(i32, 4)}, err: "x must be a float tensor"},
 		{op: "swiglu_packed", in: []Type{ty(f32t)}, err: "x must be a float tensor"},
+
+		{op: "linear_swiglu", in: []Type{ty(bf16, "B", "S", 16), ty(bf16, 320, 16)}, want: []Type{ty(bf16, "B", "S", 160)}},
+		{op: "linear_swiglu", in: []Type{ty(f32t, 3, 16), ty(bf16, 6, 16)}, want: []Type{ty(f32t, 3, 3)}},
+		{op: "linear_swiglu", in: []Type{ty(f32t, 3, 16), ty(bf16, 7, 16)}, err: "last axis 7 is not of a constant even size"},
+		{op: "linear_swiglu", in: []Type{ty(f32t, 3, 16), ty(bf16, 6, 8)}, err: "differs from the weight's input dimension"},
+		{op: "linear_qkv_rope", in: []Type{ty(bf16, "B", "S", 16), ty(bf16, 64, 16), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil),
+			want: []Type{ty(bf16, "B", 4, "S", 8), ty(bf16, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
+		{op: "linear_qkv_rope", in: []Type{ty(bf16, "B", "S", 16), ty(bf16, 56, 16), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil), err: "last axis 56 is not (4+2*2)*8"},
+		{op: "linear_qkv_rope", in: []Type{ty(bf16, "B", "S", 16), ty(bf16, 64, 16), ty(i32, "S")}, attrs: qkv(4, 2, nil), err: "positions must be integer [B,S]"},
+		{op: "linear_qkv_rope", in: []Type{ty(bf16, "B", "S", 16), ty(bf16, 64, 12), ty(i32, "B", "S")}, attrs: qkv(4, 2, nil), err: "differs from the weight's input dimension"},
 	}
 }
 
@@ -455,6 +465,9 @@ func TestPackedDecompositions(t *testing.T) {
 		{"qkv_rope", []Type{ty(f32t, 2, 5, 40), ty(i64, 2, 5)}, Attrs{"heads": 3, "kv_heads": 1, "inv_freq": inv, "scaling": 0.5},
 			map[string]int{"split": 1, "transpose": 3, "cos": 1, "sin": 1, "neg": 2}},
 		{"swiglu_packed", []Type{ty(f32t, "B", "S", 320)}, nil, map[string]int{"split": 1, "swiglu": 1}},
+		{"linear_swiglu", []Type{ty(f32t, "B", "S", 16), ty(bf16, 320, 16)}, nil, map[string]int{"linear": 1, "swiglu_packed": 1}},
+		{"linear_qkv_rope", []Type{ty(bf16, "B", "S", 16), ty(bf16, 64, 16), ty(i32, "B", "S")}, Attrs{"heads": 4, "kv_heads": 2, "inv_freq": inv},
+			map[string]int{"linear": 1, "qkv_rope": 1}},
 	} {
 		t.Run(c.op, func(t *testing.T) {
 			b := NewBuilder("d")

@@ -641,15 +641,20 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(checkReparse)
 }
 
-// buildPacked uses the fused ops over packed projections, qkv_rope and swiglu_packed.
+// buildPacked uses the fused ops over packed projections, qkv_rope and swiglu_packed, and
+// their fusions with the linear before them.
 func buildPacked() (*Graph, error) {
 	b := NewBuilder("packed")
 	x := b.Input("x", tensor.BF16, Shape{symB, symS, D(64)})
 	pos := b.Input("positions", tensor.I32, Shape{symB, symS})
+	w := b.Input("w", tensor.BF16, Shape{D(64), D(16)})
 	b.SetScope("model.layers.0.self_attn")
-	qkv := b.Apply("qkv_rope", Attrs{"heads": 4, "kv_heads": 2, "inv_freq": []float64{1, 0.1, 0.01, 0.001}, "scaling": 0.75}, x, pos)
+	attrs := Attrs{"heads": 4, "kv_heads": 2, "inv_freq": []float64{1, 0.1, 0.01, 0.001}, "scaling": 0.75}
+	qkv := b.Apply("qkv_rope", attrs, x, pos)
+	lqkv := b.Apply("linear_qkv_rope", attrs, b.Slice(x, -1, 0, 16), w, pos)
 	b.SetScope("model.layers.0.mlp")
 	h := b.Op("swiglu_packed", nil, x)
-	b.Output(qkv[0], qkv[1], qkv[2], h)
+	lh := b.Op("linear_swiglu", nil, b.Slice(x, -1, 0, 16), w)
+	b.Output(qkv[0], qkv[1], qkv[2], h, lqkv[0], lqkv[1], lqkv[2], lh)
 	return b.Build()
 }

@@ -19,10 +19,11 @@ import (
 // fixture is a testdata checkpoint and the match counts the default pipeline must report on
 // it: every pattern found once per place the frontend wrote it.
 type fixture struct {
-	name   string
-	layers int
-	gqa    bool // KV heads fewer than query heads: repeat_kv matches twice per layer
-	qkNorm bool // Qwen3: two more norms per layer
+	name    string
+	layers  int
+	gqa     bool // KV heads fewer than query heads: repeat_kv matches twice per layer
+	qkNorm  bool // Qwen3: two more norms per layer
+	qkvBias bool // Qwen2: the q/k/v biases sit between the fused linear and qkv_rope
 }
 
 var fixtures = []fixture{
@@ -30,7 +31,7 @@ var fixtures = []fixture{
 	{name: "tiny-llama31", layers: 2, gqa: true},
 	{name: "tiny-llama2", layers: 2},
 	{name: "tiny-mistral", layers: 2, gqa: true},
-	{name: "tiny-qwen2", layers: 2, gqa: true},
+	{name: "tiny-qwen2", layers: 2, gqa: true, qkvBias: true},
 	{name: "tiny-qwen3", layers: 2, gqa: true, qkNorm: true},
 	{name: "tiny-gqa6", layers: 2, gqa: true},
 }
@@ -48,10 +49,16 @@ func (f fixture) wantMatches() map[string]int {
 		"fuse_add_rmsnorm":      2 * l, // every residual add but the embedding's is normed next
 		"fuse_qkv_rope":         l,
 		"fuse_split_swiglu":     l,
+		"fuse_linear_qkv_rope":  l,
+		"fuse_linear_swiglu":    l,
 	}
 	if f.qkNorm {
 		want["match_rmsnorm_pattern"] += 2 * l
 		want["fuse_qkv_rope"] = 0 // the q/k norms sit between the layout and the rope
+		want["fuse_linear_qkv_rope"] = 0
+	}
+	if f.qkvBias {
+		want["fuse_linear_qkv_rope"] = 0
 	}
 	if f.gqa {
 		want["match_repeat_kv"] = 2 * l
@@ -66,10 +73,13 @@ func (f fixture) wantMatches() map[string]int {
 func (f fixture) wantOps() map[string]int {
 	l := f.layers
 	want := map[string]int{"sdpa": l, "add_rmsnorm": 2 * l, "rmsnorm": 1,
-		"qkv_rope": l, "rope": 0, "swiglu_packed": l, "swiglu": 0, "split": 0}
+		"linear_qkv_rope": l, "qkv_rope": 0, "rope": 0, "linear_swiglu": l, "swiglu_packed": 0, "swiglu": 0, "split": 0}
 	if f.qkNorm {
 		want["rmsnorm"] += 2 * l
-		want["qkv_rope"], want["rope"], want["split"] = 0, l, l // q/k/v stay split for the norms
+		want["linear_qkv_rope"], want["rope"], want["split"] = 0, l, l // q/k/v stay split for the norms
+	}
+	if f.qkvBias {
+		want["linear_qkv_rope"], want["qkv_rope"] = 0, l
 	}
 	return want
 }
@@ -307,7 +317,7 @@ func TestPipelineShardedFusions(t *testing.T) {
 					ops[n.Op]++
 				}
 				want := f.wantOps()
-				for _, op := range []string{"qkv_rope", "rope", "swiglu_packed", "swiglu", "split"} {
+				for _, op := range []string{"linear_qkv_rope", "qkv_rope", "rope", "linear_swiglu", "swiglu_packed", "swiglu", "split"} {
 					if ops[op] != want[op] {
 						t.Errorf("rank %d: %d %s nodes, want %d", r, ops[op], op, want[op])
 					}

@@ -126,7 +126,36 @@ func fastSwiGLUPacked(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.
 	return []*tensor.Tensor{res}, nil
 }
 
+// fastLinearThen is the kernel of a linear fused with the packed op that reads its output
+// (linear_swiglu, linear_qkv_rope): the linear kernel in use (fastLinear unless replaced)
+// into a temporary of x's dtype, then the packed op's with the node's attributes and the
+// node's inputs after x and w. The same bits as the two ops run apart.
+func fastLinearThen(op string) Kernel {
+	return func(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+		if len(in) < 2 {
+			return nil, fmt.Errorf("%s needs x and w, got %d inputs", n.Op, len(in))
+		}
+		x, w := in[0], in[1]
+		if len(x.Shape) < 1 || len(w.Shape) != 2 {
+			return nil, fmt.Errorf("%s needs x[...,K] and w[N,K], got %v and %v", n.Op, x.Shape, w.Shape)
+		}
+		lin, _ := Lookup("linear")
+		next, ok := Lookup(op)
+		if !ok {
+			return nil, fmt.Errorf("no kernel for %s", op)
+		}
+		shape := append(append([]int(nil), x.Shape[:len(x.Shape)-1]...), w.Shape[0])
+		y, err := lin(&graph.Node{Op: "linear", Scope: n.Scope}, in[:2], []Out{{DType: x.DType, Shape: shape}})
+		if err != nil {
+			return nil, fmt.Errorf("%s: linear: %w", n.Op, err)
+		}
+		return next(&graph.Node{Op: op, Attrs: n.Attrs, Scope: n.Scope}, append([]*tensor.Tensor{y[0]}, in[2:]...), out)
+	}
+}
+
 func init() {
 	Register("qkv_rope", fastQKVRoPE)
 	Register("swiglu_packed", fastSwiGLUPacked)
+	Register("linear_swiglu", fastLinearThen("swiglu_packed"))
+	Register("linear_qkv_rope", fastLinearThen("qkv_rope"))
 }

@@ -145,12 +145,48 @@ func TestFastSwiGLUPacked(t *testing.T) {
 	}
 }
 
+// TestFastLinearPacked: linear_swiglu and linear_qkv_rope give the bits of their reference
+// kernels (linear, then the packed op, from the decomposition) and of the fast kernels run
+// apart.
+func TestFastLinearPacked(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 23))
+	inv := []float64{1, 0.1, 0.01, 0.001} // D = 8
+	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+		for _, S := range []int{1, 5} {
+			t.Run(fmt.Sprintf("%s S%d", dt, S), func(t *testing.T) {
+				x := randTensor(rng, dt, []int{1, S, 32}, -1, 1)
+				pos := randTensor(rng, tensor.I32, []int{1, S}, 0, 4000)
+				w := randTensor(rng, tensor.BF16, []int{(3 + 2*1) * 8, 32}, -0.3, 0.3)
+				attrs := graph.Attrs{"heads": 3, "kv_heads": 1, "inv_freq": inv, "scaling": 0.8}
+				for _, c := range []struct {
+					op, packed string
+					attrs      graph.Attrs
+					rest       []*tensor.Tensor
+				}{
+					{"linear_swiglu", "swiglu_packed", nil, nil},
+					{"linear_qkv_rope", "qkv_rope", attrs, []*tensor.Tensor{pos}},
+				} {
+					fast, _ := Lookup(c.op)
+					ref, _ := Reference(c.op)
+					in := append([]*tensor.Tensor{x, w}, c.rest...)
+					got := runOn(t, fast, c.op, c.attrs, in...)
+					sameBits(t, c.op+" fast vs reference", got, runOn(t, ref, c.op, c.attrs, in...))
+					y := runOn(t, fastLinear, "linear", nil, x, w)
+					packed, _ := Lookup(c.packed)
+					sameBits(t, c.op+" fast vs apart", got, runOn(t, packed, c.packed, c.attrs, append([]*tensor.Tensor{y[0]}, c.rest...)...))
+				}
+			})
+		}
+	}
+}
+
 // TestFastPackedErrors: inputs that do not fit the node are errors, not panics.
 func TestFastPackedErrors(t *testing.T) {
 	inv := []float64{1, 0.5}
 	qkvNode, qkvOuts := nodeFor(t, "qkv_rope", graph.Attrs{"heads": 2, "kv_heads": 1, "inv_freq": inv},
 		[]*tensor.Tensor{tensor.New(tensor.F32, 1, 3, 16), tensor.New(tensor.I32, 1, 3)})
 	swNode, swOuts := nodeFor(t, "swiglu_packed", nil, []*tensor.Tensor{tensor.New(tensor.F32, 3, 8)})
+	lswNode, lswOuts := nodeFor(t, "linear_swiglu", nil, []*tensor.Tensor{tensor.New(tensor.F32, 3, 4), tensor.New(tensor.BF16, 8, 4)})
 	for _, c := range []struct {
 		name string
 		k    Kernel
@@ -165,6 +201,9 @@ func TestFastPackedErrors(t *testing.T) {
 		{"swiglu_packed odd last axis", fastSwiGLUPacked, swNode, swOuts, []*tensor.Tensor{tensor.New(tensor.F32, 3, 7)}},
 		{"swiglu_packed other rows", fastSwiGLUPacked, swNode, swOuts, []*tensor.Tensor{tensor.New(tensor.F32, 4, 8)}},
 		{"swiglu_packed bf16 x for f32 output", fastSwiGLUPacked, swNode, swOuts, []*tensor.Tensor{tensor.New(tensor.BF16, 3, 8)}},
+		{"linear_swiglu no weight", fastLinearThen("swiglu_packed"), lswNode, lswOuts, []*tensor.Tensor{tensor.New(tensor.F32, 3, 4)}},
+		{"linear_swiglu 1-D weight", fastLinearThen("swiglu_packed"), lswNode, lswOuts, []*tensor.Tensor{tensor.New(tensor.F32, 3, 4), tensor.New(tensor.BF16, 32)}},
+		{"linear_swiglu weight of other K", fastLinearThen("swiglu_packed"), lswNode, lswOuts, []*tensor.Tensor{tensor.New(tensor.F32, 3, 4), tensor.New(tensor.BF16, 8, 5)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if _, err := c.k(c.n, c.in, c.outs); err == nil {
