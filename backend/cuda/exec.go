@@ -68,10 +68,8 @@ var opKernels = map[string]*opKernel{
 		return d.binary("mul", out[0], in[0], in[1])
 	}},
 	"linear": {run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
-		if w, ok := state.(*Tensor); ok { // the weight widened to f32 at compile time
-			return d.linear(out[0], in[0], w)
-		}
-		return d.linear(out[0], in[0], in[1])
+		st, _ := state.(*linearState) // the weight widened to f32 at compile time, if it was
+		return d.linear(out[0], in[0], st.weight(in[1]))
 	}},
 	"cast": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
 		return d.cast(out[0], in[0])
@@ -385,6 +383,9 @@ func (p *Program) compileNode(ctx context.Context, n *graph.Node, slot map[*grap
 		if t, ok := s.(*Tensor); ok {
 			p.states = append(p.states, t)
 		}
+		if ls, ok := s.(*linearState); ok && ls.invFreq != nil {
+			p.states = append(p.states, ls.invFreq)
+		}
 	}
 	if k.view {
 		p.root[st.out[0]] = p.root[st.in[0]]
@@ -452,7 +453,7 @@ func (p *Program) widenLinearWeights() error {
 	wide := map[int]*Tensor{}
 	for i := range p.steps {
 		st := &p.steps[i]
-		if st.node.Op != "linear" || p.fixed[st.in[1]] == nil {
+		if !linearOps[st.node.Op] || p.fixed[st.in[1]] == nil {
 			continue
 		}
 		x, w := st.node.Inputs[0].Type.DType, p.fixed[st.in[1]]
@@ -471,7 +472,11 @@ func (p *Program) widenLinearWeights() error {
 			wide[st.in[1]] = wt
 			p.states = append(p.states, wt)
 		}
-		st.state = wt
+		if ls, ok := st.state.(*linearState); ok {
+			ls.wide = wt
+		} else {
+			st.state = &linearState{wide: wt}
+		}
 		uses[st.in[1]]--
 	}
 	for s := range wide {

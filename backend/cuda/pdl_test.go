@@ -23,13 +23,30 @@ func braceBody(src string, open int) string {
 	return src[open+1:]
 }
 
+// waitsThrough reports whether body waits itself or in an _impl function it calls, directly
+// or through other _impl functions.
+func waitsThrough(body string, impls map[string]string, waits func(string) bool, seen map[string]bool) bool {
+	if waits(body) {
+		return true
+	}
+	for _, c := range implCall.FindAllStringSubmatch(body, -1) {
+		if !seen[c[1]] {
+			seen[c[1]] = true
+			if waitsThrough(impls[c[1]], impls, waits, seen) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 var (
 	implDef  = regexp.MustCompile(`void\s+(\w+_impl)\s*\(`)
 	implCall = regexp.MustCompile(`\b(\w+_impl)\s*[<(]`)
 )
 
 // Every kernel of a file launched with programmatic dependent launch waits for the
-// previous kernel (pdl_wait or pdl_begin) itself or in the _impl function it calls: a
+// previous kernel (pdl_wait or pdl_begin) itself or in the _impl functions it calls: a
 // kernel that did not could read its inputs before they are written.
 func TestPDLFilesWait(t *testing.T) {
 	waits := func(body string) bool {
@@ -60,10 +77,7 @@ func TestPDLFilesWait(t *testing.T) {
 			}
 			header := src[at : at+open]
 			body := braceBody(src, at+open)
-			ok := waits(body)
-			for _, c := range implCall.FindAllStringSubmatch(body, -1) {
-				ok = ok || waits(impls[c[1]])
-			}
+			ok := waitsThrough(body, impls, waits, map[string]bool{})
 			if !ok {
 				t.Errorf("%s: kernel %q neither waits (pdl_wait/pdl_begin) nor calls an _impl that does", file, strings.TrimSpace(header))
 			}

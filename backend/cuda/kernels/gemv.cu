@@ -78,24 +78,21 @@ __device__ __forceinline__ void gemv_fma8(float (&acc)[R][M], const uint4 (&wv)[
   }
 }
 
-template <int M, int R, int U, class X>
-__device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const typename X::T* __restrict__ x,
-                                          const bf16* __restrict__ w, int N, int K) {
+// gemv_dot_impl computes, for the R weight rows wr[r] of K and the M rows of x, the dot products
+// acc[r][m]; on return every lane of the warp holds them. The first weights are constant:
+// they load while the previous kernel finishes (PDL); after_wait() runs right after the
+// wait, before the rest of the weights stream in (an epilogue's reads of inputs other
+// kernels write go there, their latency hidden behind the loads in flight).
+template <int M, int R, int U, class X, class F>
+__device__ __forceinline__ void gemv_dot_impl(float (&acc)[R][M], const uint4* const (&wr)[R],
+                                         const typename X::T* __restrict__ x, int K, F after_wait) {
   const int lane = threadIdx.x & 31;
-  const i64 n0 = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-  if (n0 >= N) return;  // touches no memory
-  float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  const uint4* wr[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = (const uint4*)(w + (n0 + r < N ? n0 + r : (i64)N - 1) * K);
-
   const int K8 = K >> 3;  // 16-byte chunks per row
   const int full = K8 / (32 * U) * (32 * U);
-  // The first weights are constant: they load while the previous kernel finishes (PDL).
   uint4 wv[U][R];
   if (full > 0) {
 #pragma unroll
@@ -104,6 +101,7 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
       for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + 32 * u + lane);
   }
   pdl_begin();
+  after_wait();
   for (int c0 = 0; c0 < full; c0 += 32 * U) {
     if (c0 > 0) {
 #pragma unroll
@@ -120,14 +118,124 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
     for (int r = 0; r < R; ++r) wv[r] = gemv_load_w(wr[r] + c);
     gemv_fma8<M, R, X>(acc, wv, x, K, (i64)c * 8);
   }
-
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = warp_sum(acc[r][m]);
-      if (lane == 0 && n0 + r < N) X::store(out, (i64)m * N + n0 + r, v);
+    for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+}
+
+// gemv_warp is the warp's index in the grid.
+__device__ __forceinline__ i64 gemv_warp() { return (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); }
+
+template <int M, int R, int U, class X>
+__device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const typename X::T* __restrict__ x,
+                                          const bf16* __restrict__ w, int N, int K) {
+  const i64 n0 = gemv_warp() * R;
+  if (n0 >= N) return;  // touches no memory
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = (const uint4*)(w + (n0 + r < N ? n0 + r : (i64)N - 1) * K);
+  float acc[R][M];
+  gemv_dot_impl<M, R, U, X>(acc, wr, x, K, [] {});
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (lane == 0 && n0 + r < N) X::store(out, (i64)m * N + n0 + r, acc[r][m]);
+}
+
+// gemv_pick returns acc[r][m] and acc[P + r][m] for the (r, m) = (l / M, l % M) of lane l <
+// P*M: the two halves of one epilogue item (unrolled selects, so acc stays in registers).
+template <int M, int R>
+__device__ __forceinline__ void gemv_pick(const float (&acc)[R][M], int l, float* a, float* b) {
+  const int P = R / 2;
+#pragma unroll
+  for (int r = 0; r < P; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (l == r * M + m) {
+        *a = acc[r][m];
+        *b = acc[P + r][m];
+      }
+}
+
+// gemv_swiglu_impl is linear_swiglu on the gemv: out[M,I] = silu(g) * u with g = x · w[j]
+// and u = x · w[I + j] rounded to X, then as swiglu_packed (packed.cu) computes it. Each warp
+// owns P = R/2 outputs j0..j0+P-1 and reads their gate rows and up rows; lane r*M + m
+// finishes output (j0 + r, m). Grid: ceil(I / (P * warps per block)).
+template <int M, int R, int U, class X>
+__device__ __forceinline__ void gemv_swiglu_impl(typename X::T* __restrict__ out, const typename X::T* __restrict__ x,
+                                                 const bf16* __restrict__ w, int I, int K) {
+  const int P = R / 2;
+  const i64 j0 = gemv_warp() * P;
+  if (j0 >= I) return;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < P; ++r) {
+    const i64 j = j0 + r < I ? j0 + r : (i64)I - 1;
+    wr[r] = (const uint4*)(w + j * K);
+    wr[P + r] = (const uint4*)(w + (I + j) * K);
+  }
+  float acc[R][M];
+  gemv_dot_impl<M, R, U, X>(acc, wr, x, K, [] {});
+  const int l = threadIdx.x & 31;
+  if (l >= P * M || j0 + l / M >= I) return;
+  float g, u;
+  gemv_pick<M, R>(acc, l, &g, &u);
+  g = X::round(g);
+  const float sg = X::round(g / (1.0f + expf(-g)));
+  X::store(out, (i64)(l % M) * I + j0 + l / M, sg * X::round(u));
+}
+
+// gemv_qkv_rope_impl is linear_qkv_rope on the gemv: the packed q|k|v projections of x[M =
+// B*S, K] (H heads of q, then KV of k, then KV of v, each D = 2*half wide) rounded to X, laid
+// out as q[B,H,S,D], k[B,KV,S,D], v[B,KV,S,D], q and k rotated at positions[B,S] as qkv_rope
+// (packed.cu) rotates them. Each warp owns P = R/2 rotation pairs (head, f0..f0+P-1) of one
+// head (P divides half) and reads their rows f and half + f; lane r*M + m finishes pair
+// (f0 + r) of token m, its cos and sin computed while the weights stream in. Grid:
+// ceil((H + 2*KV) * half / (P * warps per block)).
+template <int M, int R, int U, class X, class Pos>
+__device__ __forceinline__ void gemv_qkv_rope_impl(typename X::T* q, typename X::T* k, typename X::T* v,
+                                                   const typename X::T* __restrict__ x, const bf16* __restrict__ w,
+                                                   const Pos* pos, const float* inv_freq, int H, int KV, int S, int half,
+                                                   float scaling, int scaled, int K) {
+  const int P = R / 2;
+  const i64 p0 = gemv_warp() * P;
+  if (p0 >= (i64)(H + 2 * KV) * half) return;
+  const int head = (int)(p0 / half), f0 = (int)(p0 % half), D = 2 * half;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < P; ++r) {
+    wr[r] = (const uint4*)(w + ((i64)head * D + f0 + r) * K);
+    wr[P + r] = (const uint4*)(w + ((i64)head * D + half + f0 + r) * K);
+  }
+  const int l = threadIdx.x & 31, m = l % M, f = f0 + l / M;
+  const bool mine = l < P * M, rotated = head < H + KV;
+  float c = 0.f, sn = 0.f;
+  float acc[R][M];
+  gemv_dot_impl<M, R, U, X>(acc, wr, x, K, [&] {
+    if (mine && rotated) {
+      rope_cos_sin((float)pos[m], inv_freq[f], scaling, scaled, &c, &sn);
+      c = X::round(c);
+      sn = X::round(sn);
     }
+  });
+  if (!mine) return;
+  float x1, x2;
+  gemv_pick<M, R>(acc, l, &x1, &x2);
+  x1 = X::round(x1);
+  x2 = X::round(x2);
+  const i64 b = m / S, s = m % S;
+  if (head < H) {
+    rope_store<X>(q, ((b * H + head) * S + s) * D + f, half, x1, x2, c, sn);
+  } else if (rotated) {
+    rope_store<X>(k, ((b * KV + head - H) * S + s) * D + f, half, x1, x2, c, sn);
+  } else {
+    const i64 i = ((b * KV + head - H - KV) * S + s) * D + f;
+    X::store(v, i, x1);
+    X::store(v, i + half, x2);
+  }
 }
 
 // GEMV instantiates one kernel: blocks of up to 256 threads (whole warps), grid
@@ -135,4 +243,19 @@ __device__ __forceinline__ void gemv_impl(typename X::T* __restrict__ out, const
 #define GEMV(NAME, M, R, U, X)                                                                                \
   extern "C" __global__ void __launch_bounds__(256) NAME(X::T* out, const X::T* x, const bf16* w, int N, int K) { \
     gemv_impl<M, R, U, X>(out, x, w, N, K);                                                                   \
+  }
+
+// GEMV_SWIGLU instantiates linear_swiglu's kernel (R even): grid ceil(I / (R/2 * warps)).
+#define GEMV_SWIGLU(NAME, M, R, U, X)                                                                          \
+  extern "C" __global__ void __launch_bounds__(256) NAME(X::T* out, const X::T* x, const bf16* w, int I, int K) { \
+    gemv_swiglu_impl<M, R, U, X>(out, x, w, I, K);                                                            \
+  }
+
+// GEMV_QKV_ROPE instantiates linear_qkv_rope's kernel (R even, R/2 dividing half) for
+// positions of type POS: grid ceil((H + 2*KV) * half / (R/2 * warps)).
+#define GEMV_QKV_ROPE(NAME, M, R, U, X, POS)                                                                   \
+  extern "C" __global__ void __launch_bounds__(256)                                                           \
+      NAME(X::T* q, X::T* k, X::T* v, const X::T* x, const bf16* w, const POS* pos, const float* inv_freq, int H, \
+           int KV, int S, int half, float scaling, int scaled, int K) {                                          \
+    gemv_qkv_rope_impl<M, R, U, X, POS>(q, k, v, x, w, pos, inv_freq, H, KV, S, half, scaling, scaled, K);      \
   }
