@@ -67,7 +67,7 @@ func linearFusedCases() []linearFusedCase {
 		{B: 1, S: 1, K: 4096, H: 16, KV: 4, D: 128, x: bf, pos: i32, scaling: 1, wantGemv: true}, // qkv per GPU at tp=2
 		{B: 1, S: 1, K: 4096, H: 32, KV: 8, D: 128, x: bf, pos: i64, scaling: 1, wantGemv: true}, // and at tp=1
 		{B: 2, S: 1, K: 4096, H: 16, KV: 4, D: 128, x: bf, pos: i32, scaling: 1, wantGemv: true}, // two sequences
-		{B: 1, S: 4, K: 512, H: 3, KV: 1, D: 16, x: bf, pos: i32, scaling: 0.7, wantGemv: true},  // four tokens, scaled
+		{B: 1, S: 4, K: 4096, H: 3, KV: 1, D: 16, x: bf, pos: i32, scaling: 0.7, wantGemv: true}, // four tokens, scaled
 		{B: 1, S: 1, K: 40, H: 2, KV: 2, D: 6, x: bf, pos: i64, scaling: 1, wantGemv: true},      // odd half: one pair per warp
 		{B: 1, S: 5, K: 256, H: 4, KV: 2, D: 8, x: bf, pos: i32, scaling: 1},                     // M = 5: cuBLAS
 		{B: 1, S: 1, K: 256, H: 4, KV: 2, D: 8, x: f32, pos: i32, scaling: 1},                    // f32 x: cuBLAS
@@ -161,11 +161,17 @@ func TestLinearFused(t *testing.T) {
 				if !sameTensorBits(got, ref) {
 					t.Errorf("output %d: fused and apart differ", i)
 				}
-				compare(t, c.op(), fmt.Sprintf("%s output %d", c, i), got, want[i], tolFor(c.x))
+				compare(t, c.op(), fmt.Sprintf("%s output %d", c, i), got, want[i], tolLinearFused)
 			}
 		})
 	}
 }
+
+// tolLinearFused bounds the fused ops against the CPU's: the GPU's linear rounds f32 x to
+// bf16, and its bf16 projections may round one ulp away from the CPU's (another summation
+// order), which the rotation can double. The bits are pinned by the comparison with the ops
+// run apart, each of which is tested against the CPU on its own.
+var tolLinearFused = tol{atol: 1e-3, rtol: 3.0 / 128}
 
 // sameTensorBits reports whether a and b hold the same dtype, shape and bits.
 func sameTensorBits(a, b *tensor.Tensor) bool {

@@ -95,9 +95,10 @@ func TestPackedChecks(t *testing.T) {
 	}
 }
 
-// A model graph with qkv_rope and swiglu_packed (tiny-llama through the default pipeline)
-// captured as a CUDA graph and replayed gives the bits of eager launches, with new inputs on
-// every run.
+// A model graph with the packed ops, fused with their linears (linear_qkv_rope and
+// linear_swiglu: tiny-llama through the default pipeline), captured as a CUDA graph and
+// replayed gives the bits of eager launches, with new inputs on every run: one token (the
+// fused GEMV) and 2 × 37 (linear into the workspace, then the packed kernels).
 func TestPackedProgramGraphReplay(t *testing.T) {
 	d := gpu(t)
 	m, _, _ := fixtureGraphs(t, "tiny-llama", tensor.BF16)
@@ -106,8 +107,8 @@ func TestPackedProgramGraphReplay(t *testing.T) {
 	for _, n := range g.Nodes {
 		ops[n.Op]++
 	}
-	if ops["qkv_rope"] == 0 || ops["swiglu_packed"] == 0 {
-		t.Fatalf("the optimized graph has no qkv_rope or swiglu_packed: %v", ops)
+	if ops["linear_qkv_rope"] == 0 || ops["linear_swiglu"] == 0 {
+		t.Fatalf("the optimized graph has no linear_qkv_rope or linear_swiglu: %v", ops)
 	}
 	replayMatchesEager(t, d, g, m, rand.New(rand.NewPCG(25, 26)), [][2]int{{1, 1}, {1, 1}, {1, 1}, {1, 1}, {2, 37}, {2, 37}, {2, 37}})
 }
