@@ -220,25 +220,45 @@ func TestLinearFusedTimings(t *testing.T) {
 			w.ptr = buf.ptr + cubind.DevicePtr(i%copies*in[1].Bytes())
 			return []*Tensor{in[0], &w, in[len(in)-1]}
 		}
-		var fused, apart float64
-		err := d.do(func() error {
-			el, err := capturedCallTime(d, 100, 5, func(i int) error {
-				return c.fused(d, outs, wAt(i), inv, y)
-			})
-			if err != nil {
-				return err
+		// fusedTime is the µs per call of the fused op with tiling tl ({}: the plan's).
+		fusedTime := func(tl gemvConfig) (float64, error) {
+			if tl != (gemvConfig{}) {
+				gemvTiling = func(int, int) gemvConfig { return tl }
+				defer func() { gemvTiling = nil }()
 			}
-			fused = el.Seconds() * 1e6
-			el, err = capturedCallTime(d, 100, 5, func(i int) error {
-				return c.apart(d, outs, wAt(i), inv, y)
+			var us float64
+			err := d.do(func() error {
+				el, err := capturedCallTime(d, 100, 5, func(i int) error { return c.fused(d, outs, wAt(i), inv, y) })
+				us = el.Seconds() * 1e6
+				return err
 			})
+			return us, err
+		}
+		fused, err := fusedTime(gemvConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var apart float64
+		err = d.do(func() error {
+			el, err := capturedCallTime(d, 100, 5, func(i int) error { return c.apart(d, outs, wAt(i), inv, y) })
 			apart = el.Seconds() * 1e6
 			return err
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Printf("%-50s fused %6.2f µs  linear + packed op %6.2f µs\n", c, fused, apart)
+		p, _ := fusedGemvPlan(in[0], in[1], c.D/2)
+		if os.Getenv("LOOM_GEMV_SWEEP") == "1" {
+			for _, tl := range []gemvConfig{{2, 4, 8}, {2, 8, 8}, {2, 4, 4}, {2, 8, 4}, {4, 2, 8}, {4, 4, 4}, {4, 2, 4}, {4, 4, 8}} {
+				us, err := fusedTime(tl)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fmt.Printf("%-50s tiling %+v: %6.2f µs\n", c, tl, us)
+			}
+		}
+		fmt.Printf("%-50s plan %+v ", c, p.cfg)
+		fmt.Printf("fused %6.2f µs  linear + packed op %6.2f µs\n", fused, apart)
 	}
 }
 
