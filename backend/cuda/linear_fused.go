@@ -71,9 +71,16 @@ func linearWorkspace(n *graph.Node, in [][]int) int64 {
 
 // fusedGemvPlan is planGemv's plan for a fused linear, with a tiling of an even number of
 // rows per warp (the epilogue pairs rows: gate and up, or the two halves of a rotation), or
-// false when the product goes through linear. pairDivides, when > 0, must be divisible by
-// the pairs per warp (a warp's rotation pairs stay in one head).
-func fusedGemvPlan(x, w *Tensor, pairDivides int) (gemvPlan, bool) {
+// false when the product goes through linear. half > 0 plans linear_qkv_rope for heads of
+// 2*half (a warp's rotation pairs stay in one head, so their count must divide half).
+//
+// Measured on an H200 (TestLinearFusedTimings with LOOM_GEMV_SWEEP=1, graph-replayed µs,
+// Llama-3.1-8B decode shapes, M=1): linear_swiglu keeps linear's tiling made even (twice the
+// rows, half the unroll): tp=2 4096->2×7168 27.7 (the other tilings 27.5-29.9), tp=1
+// 4096->2×14336 53.0 (52.9-53.6). linear_qkv_rope takes 4 rows (two pairs) per warp, 4
+// loads in flight per lane and 8 warps: tp=2 4096->3072 8.0 against 8.9 with linear's made
+// even (rows 2, unroll 4), tp=1 4096->6144 14.1 against 16.9.
+func fusedGemvPlan(x, w *Tensor, half int) (gemvPlan, bool) {
 	p, ok := planGemv(x, w)
 	if !ok {
 		return gemvPlan{}, false
@@ -82,7 +89,10 @@ func fusedGemvPlan(x, w *Tensor, pairDivides int) (gemvPlan, bool) {
 		p.cfg.rows *= 2
 		p.cfg.unroll = max(1, p.cfg.unroll/2)
 	}
-	if pairDivides > 0 && pairDivides%(p.cfg.rows/2) != 0 {
+	if half > 0 && p.M == 1 && gemvTiling == nil && half%2 == 0 {
+		p.cfg = gemvConfig{rows: 4, unroll: 4, warps: 8}
+	}
+	if half > 0 && half%(p.cfg.rows/2) != 0 {
 		p.cfg.rows, p.cfg.unroll = 2, max(1, p.cfg.unroll*p.cfg.rows/2)
 	}
 	return p, true

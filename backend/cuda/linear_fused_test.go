@@ -167,6 +167,37 @@ func TestLinearFused(t *testing.T) {
 	}
 }
 
+// TestFusedGemvPlan checks the tilings of the fused GEMV (no GPU needed): an even number of
+// rows per warp, as many loads in flight as linear's, rotation pairs within a head.
+func TestFusedGemvPlan(t *testing.T) {
+	bf := tensor.BF16
+	for _, tc := range []struct {
+		name   string
+		x      tensor.DType
+		xShape []int
+		N, K   int
+		half   int
+		want   gemvConfig // {}: not on the GEMV
+	}{
+		{"gate_up tp=2", bf, []int{1, 1, 4096}, 14336, 4096, 0, gemvConfig{2, 4, 8}},
+		{"gate_up tp=1", bf, []int{1, 1, 4096}, 28672, 4096, 0, gemvConfig{4, 2, 4}},
+		{"small swiglu: one row per warp made two", bf, []int{1, 264}, 74, 264, 0, gemvConfig{2, 4, 8}},
+		{"qkv tp=2", bf, []int{1, 1, 4096}, 3072, 4096, 64, gemvConfig{4, 4, 8}},
+		{"qkv tp=1", bf, []int{1, 1, 4096}, 6144, 4096, 64, gemvConfig{4, 4, 8}},
+		{"qkv, odd half: one pair per warp", bf, []int{1, 1, 40}, 36, 40, 3, gemvConfig{2, 4, 8}},
+		{"qkv two tokens", bf, []int{1, 2, 4096}, 3072, 4096, 64, gemvConfig{2, 2, 8}},
+		{"three tokens: cuBLAS", bf, []int{1, 3, 4096}, 3072, 4096, 64, gemvConfig{}},
+		{"f32 x, small: cuBLAS", tensor.F32, []int{1, 256}, 600, 256, 0, gemvConfig{}},
+	} {
+		x := &Tensor{DType: tc.x, Shape: tc.xShape, ptr: 1 << 20}
+		w := &Tensor{DType: bf, Shape: []int{tc.N, tc.K}, ptr: 1 << 30}
+		p, ok := fusedGemvPlan(x, w, tc.half)
+		if got := map[bool]gemvConfig{true: p.cfg}[ok]; got != tc.want {
+			t.Errorf("%s: tiling %+v (on the GEMV: %v), want %+v", tc.name, p.cfg, ok, tc.want)
+		}
+	}
+}
+
 // tolLinearFused bounds the fused ops against the CPU's: the GPU's linear rounds f32 x to
 // bf16, and its bf16 projections may round one ulp away from the CPU's (another summation
 // order), which the rotation can double. The bits are pinned by the comparison with the ops
