@@ -182,12 +182,7 @@ func init() {
 	Register(&OpSpec{
 		Name: "qkv_rope", Doc: "Lays out the packed q|k|v projections x[B,S,(H+2*KV)*D] (last axis: H heads of q, then KV of k, then KV of v, each D wide) as q[B,H,S,D], k[B,KV,S,D] and v[B,KV,S,D], and rotates q and k at positions[B,S] exactly as op rope does. Returns (q, k, v).",
 		Inputs: []string{"x", "positions"},
-		Attrs: []AttrSpec{
-			{Name: "heads", Type: AttrInt, Doc: "query heads H"},
-			{Name: "kv_heads", Type: AttrInt, Doc: "key/value heads KV"},
-			{Name: "inv_freq", Type: AttrFloats, Doc: "the D/2 inverse frequencies"},
-			{Name: "scaling", Type: AttrFloat, Default: 1.0, Doc: "attention scaling applied to cos and sin"},
-		},
+		Attrs:  qkvRoPEAttrs(),
 		Infer: func(n *Node) ([]Type, error) {
 			x, pos := inType(n, 0), inType(n, 1)
 			if len(pos.Shape) != 2 || !pos.DType.IsInt() {
@@ -275,12 +270,7 @@ func init() {
 	Register(&OpSpec{
 		Name: "linear_qkv_rope", Doc: "qkv_rope(linear(x, w), positions): the fused q|k|v projection laid out as heads and rotated. x[B,S,K], w[(H+2*KV)*D,K], positions[B,S] -> q[B,H,S,D], k[B,KV,S,D], v[B,KV,S,D] of x's dtype, the projections rounded to x's dtype first.",
 		Inputs: []string{"x", "w", "positions"},
-		Attrs: []AttrSpec{
-			{Name: "heads", Type: AttrInt, Doc: "query heads H"},
-			{Name: "kv_heads", Type: AttrInt, Doc: "key/value heads KV"},
-			{Name: "inv_freq", Type: AttrFloats, Doc: "the D/2 inverse frequencies"},
-			{Name: "scaling", Type: AttrFloat, Default: 1.0, Doc: "attention scaling applied to cos and sin"},
-		},
+		Attrs:  qkvRoPEAttrs(),
 		Infer: func(n *Node) ([]Type, error) {
 			return inferThroughLinear(n, "qkv_rope", n.Inputs[2])
 		},
@@ -290,6 +280,16 @@ func init() {
 			return outs, b.Err()
 		},
 	})
+}
+
+// qkvRoPEAttrs are the attributes of qkv_rope and linear_qkv_rope.
+func qkvRoPEAttrs() []AttrSpec {
+	return []AttrSpec{
+		{Name: "heads", Type: AttrInt, Doc: "query heads H"},
+		{Name: "kv_heads", Type: AttrInt, Doc: "key/value heads KV"},
+		{Name: "inv_freq", Type: AttrFloats, Doc: "the D/2 inverse frequencies"},
+		{Name: "scaling", Type: AttrFloat, Default: 1.0, Doc: "attention scaling applied to cos and sin"},
+	}
 }
 
 // inferThroughLinear infers a linear's output from n's first two inputs (x, w), then the

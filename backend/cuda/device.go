@@ -206,12 +206,7 @@ func (d *Device) do(f func() error) error {
 	if d.closed {
 		return errClosed
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := d.ctx.SetCurrent(); err != nil {
-		return fmt.Errorf("cuda: %w", err)
-	}
-	return f()
+	return d.current(f)
 }
 
 // unlocked runs f with the device's context current on the goroutine's OS thread but the
@@ -225,6 +220,11 @@ func (d *Device) unlocked(f func() error) error {
 	if closed {
 		return errClosed
 	}
+	return d.current(f)
+}
+
+// current runs f on one OS thread with the device's context current on it.
+func (d *Device) current(f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := d.ctx.SetCurrent(); err != nil {
