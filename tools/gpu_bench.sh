@@ -5,14 +5,20 @@
 #   mkdir -p .bin/me && make build && cp loom tools/hf_llama_decode.py .bin/me/
 #   CGO_ENABLED=0 go test -c -o .bin/me/cuda.test ./backend/cuda   (likewise engine, dist/nccl, cubind)
 # then run there: bash tools/gpu_bench.sh  (BIN=.bin/me by default; logs go to $OUT or /tmp;
-# HF=1 adds the Hugging Face eager baseline, about a minute).
+# HF=1 adds the Hugging Face eager baseline, about a minute; PART=tests runs only the tests
+# and kernel timings, PART=figures only the end-to-end figures, so that each fits in one
+# device call).
 set -u
 export NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1
 B=$(cd "${BIN:-.bin/me}" && pwd); L=$B/loom; M=/dev/shm/l8b; O=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-( $L synth llama-3.1-8b --out $M >/dev/null 2>&1; echo synth done ) &
-S=$!
+PART=${PART:-all}
+if [ "$PART" != tests ]; then
+  ( [ -f $M/config.json ] || $L synth llama-3.1-8b --out $M >/dev/null 2>&1; echo synth done ) &
+  S=$!
+fi
 sumt() { echo "== $1: $(grep -cE '^\s*--- PASS' $O/$1.log) pass; $(grep -E '^(ok|FAIL|PASS)$|panic:' $O/$1.log | tr '\n' ' ')"; grep -E '^\s*--- FAIL' $O/$1.log | head -20; }
+if [ "$PART" != figures ]; then
 P=""
 (cd cubind && timeout 200 $B/cubind.test -test.v > $O/cubind.log 2>&1) & P="$P $!"
 (cd dist/nccl && timeout 200 $B/nccl.test -test.v > $O/nccl.log 2>&1) & P="$P $!"
@@ -20,14 +26,20 @@ P=""
 (cd engine && timeout 240 $B/engine.test -test.v -test.run 'CUDA|Device|MultiProc' > $O/engine.log 2>&1) & P="$P $!"
 wait $P
 for t in cubind nccl cuda engine; do sumt $t; done
-(cd backend/cuda && LOOM_CUDA_TIMINGS=1 timeout 60 $B/cuda.test -test.v -test.run 'PeerLatency|GemvTimings|PagedDecodeTimings' > $O/timings.log 2>&1)
+(cd backend/cuda && LOOM_CUDA_TIMINGS=1 timeout 60 $B/cuda.test -test.v -test.run 'PeerLatency|GemvTimings|LinearFusedTimings|PagedDecodeTimings' > $O/timings.log 2>&1)
 grep -A10 "one-shot all-reduce, 2" $O/timings.log; grep -A5 "all_reduce_add_rmsnorm bf16" $O/timings.log | head -6
+grep "linear + packed op" $O/timings.log
+fi
+[ "$PART" = tests ] && exit 0
 wait $S
 BB="$L bench --model $M --device cuda --log-level warn --max-batch 64 --max-tokens-per-step 2048"
 g() { grep -E "output tokens/s|time per output|time to first|engine:"; }
+# Each batch-1 figure also with the steps not launched ahead (--sync-steps) and with the
+# fused linears' epilogues off (linear, then the packed op's kernel).
+OFF="--set transforms.fuse_linear_swiglu.enabled=false --set transforms.fuse_linear_qkv_rope.enabled=false"
 for ws in 2 1; do
-  for sy in --sync-steps ""; do # steps launched ahead of their tokens (the default) or not
-    echo "== tp=$ws batch 1 (128/128) $sy"; timeout 60 $BB $sy --world-size $ws --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
+  for v in --sync-steps "" "$OFF"; do
+    echo "== tp=$ws batch 1 (128/128) $v"; timeout 60 $BB $v --world-size $ws --warmup 1 --num-requests 3 --concurrency 1 --input-len 128 --output-len 128 2>&1 | g
   done
   echo "== tp=$ws 64 concurrent (128/128)"; timeout 90 $BB --world-size $ws --warmup 64 --num-requests 128 --concurrency 64 --input-len 128 --output-len 128 2>&1 | g
   echo "== tp=$ws TTFT 1024"; timeout 60 $BB --world-size $ws --warmup 2 --num-requests 5 --concurrency 1 --input-len 1024 --output-len 1 2>&1 | g
