@@ -11,6 +11,10 @@
 // they do not evict x. Each lane keeps R*M partial sums; warp shuffles reduce them and lane
 // 0 stores. Blocks are independent: the grid is ceil(N / (R * warps per block)).
 //
+// The fused forms (linear_swiglu, linear_qkv_rope) pick the warp's R rows so that its
+// epilogue has every pair it needs (gate row j and up row I + j; rows f and half + f of one
+// head) and finish one output per lane, instead of storing the projections.
+//
 // K must be a multiple of 8 and x and w 16-byte aligned (backend/cuda sends other products
 // to cuBLAS).
 //
