@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
-	"sync"
 
 	"github.com/loom-ml/loom/backend/cuda"
 	"github.com/loom-ml/loom/sample"
@@ -87,30 +86,17 @@ type rankFlight struct {
 // shared step inputs and each rank's caches. Only rank 0 brings its ids back.
 func (rs *rankSet) launch(ctx context.Context, ls []stepLauncher, shared map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed bool) *rankFlight {
 	f := &rankFlight{pend: make([]pendingStep, len(ls)), errs: make([]error, len(ls))}
-	one := func(r int) {
+	eachRank(len(ls), func(r int) {
 		defer func() {
 			if p := recover(); p != nil { // a bug must not take the engine down
 				f.errs[r] = fmt.Errorf("rank %d: panic in launch: %v\n%s", r, p, debug.Stack())
 			}
 		}()
-		in := make(map[string]*tensor.Tensor, len(shared)+2*len(rs.caches[r].K))
-		for k, v := range shared {
-			in[k] = v
-		}
-		rs.caches[r].Bind(in)
+		in := rs.rankInputs(r, shared)
 		if f.pend[r], f.errs[r] = ls[r].LaunchStep(ctx, in, draws, feed, r == 0); f.errs[r] != nil && len(ls) > 1 {
 			f.errs[r] = fmt.Errorf("rank %d: %w", r, f.errs[r])
 		}
-	}
-	if len(ls) == 1 {
-		one(0)
-		return f
-	}
-	var wg sync.WaitGroup
-	for r := range ls {
-		wg.Go(func() { one(r) })
-	}
-	wg.Wait()
+	})
 	return f
 }
 
@@ -126,7 +112,7 @@ func (rs *rankSet) wait(ctx context.Context, f *rankFlight) ([]int32, error) {
 		cancel()
 	}
 	var ids []int32
-	one := func(r int) {
+	eachRank(len(f.pend), func(r int) {
 		defer func() {
 			if p := recover(); p != nil {
 				errs[r] = fmt.Errorf("rank %d: panic in wait: %v\n%s", r, p, debug.Stack())
@@ -147,16 +133,7 @@ func (rs *rankSet) wait(ctx context.Context, f *rankFlight) ([]int32, error) {
 		if r == 0 {
 			ids = got
 		}
-	}
-	if len(f.pend) == 1 {
-		one(0)
-	} else {
-		var wg sync.WaitGroup
-		for r := range f.pend {
-			wg.Go(func() { one(r) })
-		}
-		wg.Wait()
-	}
+	})
 	if err := rankErrors(parent, errs); err != nil {
 		return nil, err
 	}

@@ -183,12 +183,8 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*
 	defer cancel()
 	outs := make([][]*tensor.Tensor, len(rs.ranks))
 	errs := make([]error, len(rs.ranks))
-	runRank := func(r int) {
-		in := make(map[string]*tensor.Tensor, len(shared)+2*len(rs.caches[r].K))
-		for k, v := range shared {
-			in[k] = v
-		}
-		rs.caches[r].Bind(in)
+	eachRank(len(rs.ranks), func(r int) {
+		in := rs.rankInputs(r, shared)
 		if r > 0 {
 			errs[r] = runDiscard(ctx, rs.ranks[r].Exe, in)
 		} else {
@@ -198,16 +194,7 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*
 			errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
 			cancel()
 		}
-	}
-	if len(rs.ranks) == 1 {
-		runRank(0)
-	} else {
-		var wg sync.WaitGroup
-		for r := range rs.ranks {
-			wg.Go(func() { runRank(r) })
-		}
-		wg.Wait()
-	}
+	})
 	if err := rankErrors(parent, errs); err != nil {
 		return nil, err
 	}
@@ -215,6 +202,29 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*
 		return nil, errors.New("the model returned no f32[1,S,vocab] logits")
 	}
 	return outs[0][0], nil
+}
+
+// eachRank runs f for ranks 0..n-1: in place on one rank, concurrently on several.
+func eachRank(n int, f func(r int)) {
+	if n == 1 {
+		f(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() { f(r) })
+	}
+	wg.Wait()
+}
+
+// rankInputs is rank r's inputs of a step: the shared step inputs and the rank's caches.
+func (rs *rankSet) rankInputs(r int, shared map[string]*tensor.Tensor) map[string]*tensor.Tensor {
+	in := make(map[string]*tensor.Tensor, len(shared)+2*len(rs.caches[r].K))
+	for k, v := range shared {
+		in[k] = v
+	}
+	rs.caches[r].Bind(in)
+	return in
 }
 
 // rankErrors joins the ranks' errors of one step. When a rank failed, those of the ranks
