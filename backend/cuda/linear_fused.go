@@ -179,29 +179,11 @@ func (d *Device) linearQKVRope(qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor,
 		}
 		return d.qkvRope(qOut, kOut, vOut, y, pos, invFreq, H, KV, scaling)
 	}
-	// The checks of qkvRope, on the projections' shape.
-	pn, err := intName("positions", pos.DType)
+	sh, err := checkQKVRope([]int{x.Shape[0], x.Shape[1], w.Shape[0]}, x.DType, pos, invFreq, [3]*Tensor{qOut, kOut, vOut}, H, KV)
 	if err != nil {
 		return fmt.Errorf("cuda: linear_qkv_rope: %w", err)
 	}
-	if invFreq.DType != tensor.F32 || len(invFreq.Shape) != 1 || invFreq.Shape[0] < 1 {
-		return fmt.Errorf("cuda: linear_qkv_rope: inv_freq must be f32[D/2], got %s%v", invFreq.DType, invFreq.Shape)
-	}
-	B, S, half := pos.Shape[0], pos.Shape[1], invFreq.Shape[0]
-	D := 2 * half
-	if H < 1 || KV < 1 || x.Shape[0] != B || x.Shape[1] != S || w.Shape[0] != (H+2*KV)*D {
-		return fmt.Errorf("cuda: linear_qkv_rope: x %v and weight %v do not fit positions %v with %d+2*%d heads of %d", x.Shape, w.Shape, pos.Shape, H, KV, D)
-	}
-	for i, o := range []*Tensor{qOut, kOut, vOut} {
-		nh := []int{H, KV, KV}[i]
-		if err := checkOut([]string{"q output", "k output", "v output"}[i], o, x.DType, []int{B, nh, S, D}); err != nil {
-			return fmt.Errorf("cuda: linear_qkv_rope: %w", err)
-		}
-	}
-	scaled := int32(0)
-	if scaling != 1 {
-		scaled = 1
-	}
+	S, half, pn := sh.S, sh.half, sh.pn
 	c := p.cfg
 	xn := dtypeName(x.DType)
 	name := fmt.Sprintf("gemv_qkv_rope_%s_%s_m%d_r%d_u%d", xn, pn, p.M, c.rows, c.unroll)
@@ -210,7 +192,7 @@ func (d *Device) linearQKVRope(qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor,
 	grid := cubind.Dim3{X: ((H+2*KV)*half + perBlock - 1) / perBlock, Y: 1, Z: 1}
 	err = d.launchX("gemv.cu", inst, name, grid, cubind.Dim3{X: 32 * c.warps, Y: 1, Z: 1}, 0, func(a *cubind.Args) {
 		a.Ptr(qOut.ptr).Ptr(kOut.ptr).Ptr(vOut.ptr).Ptr(x.ptr).Ptr(w.ptr).Ptr(pos.ptr).Ptr(invFreq.ptr).
-			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(half)).F32(scaling).I32(scaled).I32(int32(p.K))
+			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(half)).F32(scaling).I32(ropeScaled(scaling)).I32(int32(p.K))
 	})
 	return wrap("cuda: linear_qkv_rope (gemv)", err)
 }

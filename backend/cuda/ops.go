@@ -336,10 +336,7 @@ func (d *Device) rope(qOut, kOut, q, k, pos, invFreq *Tensor, scaling float32) e
 			return fmt.Errorf("cuda: rope: %w", err)
 		}
 	}
-	scaled := int32(0)
-	if scaling != 1 {
-		scaled = 1
-	}
+	scaled := ropeScaled(scaling)
 	for i, t := range []*Tensor{q, k} {
 		o := []*Tensor{qOut, kOut}[i]
 		total := int64(t.Numel() / 2)

@@ -47,30 +47,11 @@ func (d *Device) qkvRope(qOut, kOut, vOut, x, pos, invFreq *Tensor, H, KV int, s
 	if err != nil {
 		return fmt.Errorf("cuda: qkv_rope: %w", err)
 	}
-	pn, err := intName("positions", pos.DType)
+	sh, err := checkQKVRope(x.Shape, x.DType, pos, invFreq, [3]*Tensor{qOut, kOut, vOut}, H, KV)
 	if err != nil {
 		return fmt.Errorf("cuda: qkv_rope: %w", err)
 	}
-	if len(pos.Shape) != 2 {
-		return fmt.Errorf("cuda: qkv_rope: positions must be [B,S], got %v", pos.Shape)
-	}
-	if invFreq.DType != tensor.F32 || len(invFreq.Shape) != 1 || invFreq.Shape[0] < 1 {
-		return fmt.Errorf("cuda: qkv_rope: inv_freq must be f32[D/2], got %s%v", invFreq.DType, invFreq.Shape)
-	}
-	B, S, half := pos.Shape[0], pos.Shape[1], invFreq.Shape[0]
-	D := 2 * half
-	if H < 1 || KV < 1 {
-		return fmt.Errorf("cuda: qkv_rope: needs heads and kv_heads >= 1, got %d and %d", H, KV)
-	}
-	if len(x.Shape) != 3 || x.Shape[0] != B || x.Shape[1] != S || x.Shape[2] != (H+2*KV)*D {
-		return fmt.Errorf("cuda: qkv_rope: x %v does not fit positions %v with %d+2*%d heads of %d", x.Shape, pos.Shape, H, KV, D)
-	}
-	for i, o := range []*Tensor{qOut, kOut, vOut} {
-		nh := []int{H, KV, KV}[i]
-		if err := checkOut([]string{"q output", "k output", "v output"}[i], o, x.DType, []int{B, nh, S, D}); err != nil {
-			return fmt.Errorf("cuda: qkv_rope: %w", err)
-		}
-	}
+	B, S, half, D, pn := sh.B, sh.S, sh.half, 2*sh.half, sh.pn
 	rows, total := B*S, (H+KV)*half+KV*D
 	if rows == 0 {
 		return nil
@@ -79,15 +60,58 @@ func (d *Device) qkvRope(qOut, kOut, vOut, x, pos, invFreq *Tensor, H, KV int, s
 	if rows > 1<<31-1 || blocks > 65535 || (H+2*KV)*D > 1<<31-1 {
 		return fmt.Errorf("cuda: qkv_rope: %d rows of %d work items exceed the grid", rows, total)
 	}
-	scaled := int32(0)
-	if scaling != 1 {
-		scaled = 1
-	}
 	grid := cubind.Dim3{X: rows, Y: blocks, Z: 1}
 	return d.launch("packed.cu", "qkv_rope_"+xn+"_"+pn, grid, block256, 8*half, func(a *cubind.Args) {
 		a.Ptr(qOut.ptr).Ptr(kOut.ptr).Ptr(vOut.ptr).Ptr(x.ptr).Ptr(pos.ptr).Ptr(invFreq.ptr).
-			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(half)).F32(scaling).I32(scaled).I32(qkvRopeSpan)
+			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(half)).F32(scaling).I32(ropeScaled(scaling)).I32(qkvRopeSpan)
 	})
+}
+
+// qkvRopeShape is what checkQKVRope finds: the token grid [B,S], half the head size, and
+// the positions' dtype name.
+type qkvRopeShape struct {
+	B, S, half int
+	pn         string
+}
+
+// checkQKVRope checks the operands of qkv_rope over packed projections of shape packed and
+// dtype dt (x[B,S,(H+2*KV)*D], or the product a fused linear computes): positions[B,S] i32
+// or i64, invFreq f32[D/2], H and KV heads, and q, k, v outputs [B,heads,S,D] of dt.
+func checkQKVRope(packed []int, dt tensor.DType, pos, invFreq *Tensor, outs [3]*Tensor, H, KV int) (qkvRopeShape, error) {
+	var sh qkvRopeShape
+	pn, err := intName("positions", pos.DType)
+	if err != nil {
+		return sh, err
+	}
+	if len(pos.Shape) != 2 {
+		return sh, fmt.Errorf("positions must be [B,S], got %v", pos.Shape)
+	}
+	if invFreq.DType != tensor.F32 || len(invFreq.Shape) != 1 || invFreq.Shape[0] < 1 {
+		return sh, fmt.Errorf("inv_freq must be f32[D/2], got %s%v", invFreq.DType, invFreq.Shape)
+	}
+	sh = qkvRopeShape{B: pos.Shape[0], S: pos.Shape[1], half: invFreq.Shape[0], pn: pn}
+	D := 2 * sh.half
+	if H < 1 || KV < 1 {
+		return sh, fmt.Errorf("needs heads and kv_heads >= 1, got %d and %d", H, KV)
+	}
+	if len(packed) != 3 || packed[0] != sh.B || packed[1] != sh.S || packed[2] != (H+2*KV)*D {
+		return sh, fmt.Errorf("the packed projections %v do not fit positions %v with %d+2*%d heads of %d", packed, pos.Shape, H, KV, D)
+	}
+	for i, o := range outs {
+		nh := []int{H, KV, KV}[i]
+		if err := checkOut([]string{"q output", "k output", "v output"}[i], o, dt, []int{sh.B, nh, sh.S, D}); err != nil {
+			return sh, err
+		}
+	}
+	return sh, nil
+}
+
+// ropeScaled is the kernels' flag for a scaling other than 1 (cos and sin multiplied).
+func ropeScaled(scaling float32) int32 {
+	if scaling != 1 {
+		return 1
+	}
+	return 0
 }
 
 // SwiGLUPacked runs graph op swiglu_packed: x[...,2I] (f32 or bf16; gate the first I of each
