@@ -128,9 +128,6 @@ func (b *builder) rotary(pos *graph.Value) (cos, sin *graph.Value, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// transformers keeps inv_freq as a buffer, which casting the model to its checkpoint dtype
-	// rounds too; Hugging Face's outputs for a bf16 model come from the rounded frequencies.
-	inv = roundTo(inv, b.cfg.WeightDType())
 	cos, sin = graph.DecomposeRotaryTables(b.Builder, pos, inv, scaling, b.act)
 	return cos, sin, nil
 }

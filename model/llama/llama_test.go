@@ -10,6 +10,7 @@ import (
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
+	"github.com/loom-ml/loom/tensor"
 )
 
 var fixtures = []string{"tiny-llama", "tiny-llama31", "tiny-llama2", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-gqa6"}
@@ -194,5 +195,42 @@ func TestInvFreq(t *testing.T) {
 		} else if bad.Type == "yarn" && !strings.Contains(err.Error(), "yarn") {
 			t.Errorf("error %q should name the rope type", err)
 		}
+	}
+}
+
+// TestRotaryFrequenciesStayF32 holds every fixture's graph (bf16 checkpoints) to the
+// float32 inverse frequencies transformers keeps whatever the checkpoint's dtype: the rotary
+// table constant equals invFreq's f32 values, and some of them are not bf16-representable,
+// so no rounding to the weights' dtype crept back in.
+func TestRotaryFrequenciesStayF32(t *testing.T) {
+	for _, name := range fixtures {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := fixtureConfig(t, name)
+			want, _, err := invFreq(cfg.Rope, cfg.HeadDim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []float64
+			for _, n := range buildFixture(t, name).Nodes {
+				if n.Op == graph.OpConst && len(n.Attrs.Floats("values")) == cfg.HeadDim/2 && len(n.Attrs.Floats("values")) > 1 {
+					got = n.Attrs.Floats("values")
+				}
+			}
+			if len(got) != len(want) {
+				t.Fatalf("no rotary frequency constant of %d values in the graph", cfg.HeadDim/2)
+			}
+			notBF16 := 0
+			for i := range want {
+				if got[i] != want[i] || float64(float32(got[i])) != got[i] {
+					t.Errorf("inv_freq[%d] = %v, want the float32 %v", i, got[i], want[i])
+				}
+				if float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(got[i])))) != got[i] {
+					notBF16++
+				}
+			}
+			if notBF16 == 0 {
+				t.Errorf("all %d inverse frequencies are bf16 values: rounded to the checkpoint dtype", len(got))
+			}
+		})
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"math"
 
 	"github.com/loom-ml/loom/model"
-	"github.com/loom-ml/loom/tensor"
 )
 
 // invFreq returns the rotary inverse frequencies for a head of size dim, as Hugging Face's
@@ -16,6 +15,13 @@ import (
 //	linear:  inv[i] / factor
 //	llama3:  long wavelengths (> original_max/low_freq_factor) divided by factor, short ones
 //	         (< original_max/high_freq_factor) kept, the band between interpolated smoothly.
+//
+// transformers keeps inv_freq in float32 whatever the checkpoint's dtype (from_pretrained
+// with a bf16 dtype does not round the buffer) and computes it with float32 tensor ops, so
+// every step below is rounded to float32 as torch rounds it; the angles position * inv_freq
+// and their cos and sin are float32 too (graph.DecomposeRotaryTables) and only the tables are
+// cast to the activation dtype. Rounding inv_freq to bf16 instead moves the angle at position
+// p by up to p * 2^-9 * inv_freq: scrambled positions at long contexts.
 func invFreq(r model.RopeConfig, dim int) ([]float64, float64, error) {
 	if dim <= 0 || dim%2 != 0 {
 		return nil, 0, fmt.Errorf("rotary dimension %d must be even and positive", dim)
@@ -24,12 +30,13 @@ func invFreq(r model.RopeConfig, dim int) ([]float64, float64, error) {
 	if theta <= 0 {
 		return nil, 0, fmt.Errorf("rope_theta must be positive, got %g", theta)
 	}
-	inv := make([]float64, dim/2)
+	inv := make([]float32, dim/2)
 	for i := range inv {
-		// Hugging Face computes this in float32: arange(0, dim, 2) / dim, then base ** x, then 1 / y.
-		e := float32(float32(2*i) / float32(dim))
-		p := float32(math.Pow(theta, float64(e)))
-		inv[i] = float64(float32(1) / p)
+		// arange(0, dim, 2).float() / dim, then base ** x, then 1 / y (torch's 1/y is
+		// reciprocal(y) in float32).
+		e := float32(2*i) / float32(dim)
+		p := float32(math.Pow(float64(float32(theta)), float64(e)))
+		inv[i] = 1 / p
 	}
 	switch r.Type {
 	case "", "default":
@@ -38,41 +45,44 @@ func invFreq(r model.RopeConfig, dim int) ([]float64, float64, error) {
 			return nil, 0, fmt.Errorf("rope scaling type linear needs a positive factor, got %g", r.Factor)
 		}
 		for i := range inv {
-			inv[i] = float64(float32(inv[i]) / float32(r.Factor))
+			inv[i] /= float32(r.Factor)
 		}
 	case "llama3":
 		if r.Factor <= 0 || r.OriginalMaxPositionEmbeddings <= 0 || r.HighFreqFactor <= r.LowFreqFactor {
 			return nil, 0, fmt.Errorf("rope scaling type llama3 needs factor > 0, original_max_position_embeddings > 0 and high_freq_factor > low_freq_factor; got %+v", r)
 		}
-		old := float64(r.OriginalMaxPositionEmbeddings)
-		lowWave, highWave := old/r.LowFreqFactor, old/r.HighFreqFactor
-		for i, f := range inv {
-			wave := 2 * math.Pi / f
-			scaled := f
-			if wave > lowWave {
-				scaled = f / r.Factor
-			}
-			if !(wave < highWave) && !(wave > lowWave) {
-				smooth := (old/wave - r.LowFreqFactor) / (r.HighFreqFactor - r.LowFreqFactor)
-				scaled = (1-smooth)*scaled/r.Factor + smooth*scaled
-			}
-			inv[i] = float64(float32(scaled))
-		}
+		llama3Scale(inv, r)
 	default:
 		return nil, 0, fmt.Errorf("rope scaling type %q is not supported (supported: default, linear, llama3)", r.Type)
 	}
-	return inv, 1, nil
+	out := make([]float64, len(inv))
+	for i, f := range inv {
+		out[i] = float64(f)
+	}
+	return out, 1, nil
 }
 
-// roundTo rounds values to the precision of dt (bf16 or f16); other dtypes leave them as they are.
-func roundTo(xs []float64, dt tensor.DType) []float64 {
-	for i, x := range xs {
-		switch dt {
-		case tensor.BF16:
-			xs[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(x))))
-		case tensor.F16:
-			xs[i] = float64(tensor.F16ToF32(tensor.F32ToF16(float32(x))))
+// llama3Scale applies Llama 3.1's frequency scaling to inv in place, step for step as
+// transformers' _compute_llama3_parameters does in float32 tensor arithmetic: a Python scalar
+// divided by a tensor is reciprocal(tensor) * scalar, and the scalars (wavelength bounds,
+// factors) enter as float32. Each product is converted explicitly so that Go never fuses it
+// into an FMA that torch does not do.
+func llama3Scale(inv []float32, r model.RopeConfig) {
+	old := float64(r.OriginalMaxPositionEmbeddings)
+	lowWave, highWave := float32(old/r.LowFreqFactor), float32(old/r.HighFreqFactor)
+	factor, low := float32(r.Factor), float32(r.LowFreqFactor)
+	span := float32(r.HighFreqFactor - r.LowFreqFactor)
+	for i, f := range inv {
+		wave := float32((1 / f) * float32(2*math.Pi))
+		scaled := f
+		if wave > lowWave {
+			scaled = f / factor
 		}
+		if !(wave < highWave) && !(wave > lowWave) {
+			smooth := (float32((1/wave)*float32(old)) - low) / span
+			a := float32((1-smooth)*scaled) / factor
+			scaled = a + float32(smooth*scaled)
+		}
+		inv[i] = scaled
 	}
-	return xs
 }
