@@ -163,7 +163,7 @@ func engineParity(t *testing.T, name string, tp int) {
 		}
 		t.Cleanup(func() { e.Close() })
 	}
-	ref.checkGreedyAll(t, generateAll(t, e, ref.greedyRequests()))
+	checkGreedyAll(t, ref, generateAll(t, e, greedyRequests(ref)), engineGen(t, e))
 	if st := e.Stats(); st.KVBlocksUsed != 0 || st.Running != 0 || st.Waiting != 0 {
 		t.Errorf("after all requests: %+v", st)
 	}

@@ -2,40 +2,23 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
-	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/loom-ml/loom/internal/parity"
 	"github.com/loom-ml/loom/tensor"
 )
 
-// reference is the part of a fixture's reference.json (computed by Hugging Face transformers)
-// that the parity tests read.
-type reference struct {
-	Prompts []struct {
-		Text          string      `json:"text"`
-		IDs           []int       `json:"ids"`
-		LastLogits    []float32   `json:"last_logits"`
-		AllLogits     [][]float32 `json:"all_logits"`
-		GreedyNewIDs  []int       `json:"greedy_new_ids"`
-		GreedyMargins []float64   `json:"greedy_margins"`
-	} `json:"prompts"`
-}
-
-func loadReference(t *testing.T, dir string) *reference {
+// loadReference reads a fixture's reference.json (Hugging Face transformers, f32), failing
+// the test when it is missing or proves nothing (see parity.Load).
+func loadReference(t *testing.T, dir string) *parity.Reference {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	ref, err := parity.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ref reference
-	if err := json.Unmarshal(data, &ref); err != nil {
-		t.Fatalf("%s/reference.json: %v", dir, err)
-	}
-	return &ref
+	return ref
 }
 
 // supportedFixtures are the testdata checkpoints of every architecture Loom supports.
@@ -49,8 +32,10 @@ var supportedFixtures = []string{
 	"tiny-gqa6",    // 6 heads, 1 KV head
 }
 
-const logitTol = 1e-3 // absolute, against Hugging Face's float32 logits
-const lowMargin = 0.01
+const logitTol = parity.LogitTol
+
+// maxAbsDiff is parity.MaxAbsDiff: a NaN or infinity counts as an infinite difference.
+var maxAbsDiff = parity.MaxAbsDiff
 
 // runAll returns logits [S,vocab] of one sequence.
 func runAll(t *testing.T, exe Executable, ids []int) (logits []float32, vocab int) {
@@ -70,68 +55,82 @@ func runAll(t *testing.T, exe Executable, ids []int) (logits []float32, vocab in
 	return outs[0].Float32s(), outs[0].Shape[2]
 }
 
-func maxAbsDiff(a, b []float32) (float64, int) {
-	worst, at := 0.0, -1
-	if len(a) != len(b) {
-		return math.Inf(1), -1
+// checkLogits holds logits of every position of p (runAll's) to the reference within
+// logitTol.
+func checkLogits(t *testing.T, logits []float32, p parity.Prompt) {
+	t.Helper()
+	if err := parity.CheckLogits(logits, p, logitTol); err != nil {
+		t.Error(err)
 	}
-	for i := range a {
-		if d := math.Abs(float64(a[i] - b[i])); d > worst || math.IsNaN(d) {
-			worst, at = d, i
-		}
-	}
-	return worst, at
 }
 
-// checkGreedy compares greedy ids with the reference up to the first low-margin step that
-// disagrees: where Hugging Face's top two logits were closer than lowMargin, float rounding
-// may legitimately pick the other token.
-func checkGreedy(t *testing.T, got, want []int, margins []float64) {
+// checkGreedy holds gen's greedy continuation of p to the reference's, teacher-forced past
+// near ties (parity.CheckGreedy), and logs the ties it forced.
+func checkGreedy(t *testing.T, gen parity.Generator, p parity.Prompt) {
 	t.Helper()
-	for i := range want {
-		if i >= len(got) {
-			t.Fatalf("generated %d tokens, reference has %d", len(got), len(want))
+	res, err := parity.CheckGreedy(gen, p, parity.NearTie)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	if len(res.Ties) > 0 {
+		t.Logf("%q: near ties at steps %v taken the other way; the reference's tokens forced there, %d of %d steps compared",
+			p.Text, res.Ties, res.Compared, res.Steps)
+	}
+}
+
+// recomputeGen generates through GreedyRecompute on exe (the whole sequence run per token).
+func recomputeGen(exe Executable) parity.Generator {
+	return func(prompt []int, n int) ([]int, error) {
+		res, err := GreedyRecompute(context.Background(), exe, prompt, n)
+		if err != nil {
+			return nil, err
 		}
-		if got[i] == want[i] {
-			continue
+		return res.NewIDs, nil
+	}
+}
+
+// engineGen generates one request at a time on e.
+func engineGen(t *testing.T, e *Engine) parity.Generator {
+	return func(prompt []int, n int) ([]int, error) {
+		ctx := testCtx(t)
+		st, err := e.Submit(ctx, Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true})
+		if err != nil {
+			return nil, err
 		}
-		if margins[i] < lowMargin {
-			t.Logf("step %d: got %d, reference %d at margin %.4f (a near tie); comparison stops here", i, got[i], want[i], margins[i])
-			return
+		toks, last, err := st.Collect(ctx)
+		if err == nil && last.Finish == FinishError {
+			err = last.Err
 		}
-		t.Fatalf("step %d: got token %d, reference %d (margin %.4f)\n got  %v\n want %v", i, got[i], want[i], margins[i], got, want)
+		return toks, err
 	}
 }
 
 // greedyRequests are the engine requests of the reference's prompts, each for as many
 // tokens as Hugging Face's greedy continuation of it holds.
-func (r *reference) greedyRequests() []Request {
+func greedyRequests(ref *parity.Reference) []Request {
 	var reqs []Request
-	for _, p := range r.Prompts {
-		reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
+	for _, p := range ref.Prompts {
+		reqs = append(reqs, Request{Prompt: p.IDs, MaxTokens: len(p.GreedyNewIDs), IgnoreEOS: true})
 	}
 	return reqs
 }
 
 // checkGreedyAll checks the tokens generated for each prompt (got, in the order of
-// greedyRequests) against Hugging Face's greedy continuations (see checkGreedy).
-func (r *reference) checkGreedyAll(t *testing.T, got [][]int) {
+// greedyRequests, all submitted at once) against Hugging Face's greedy continuations; after
+// a near tie the rest is generated again through gen from the teacher-forced prefix.
+func checkGreedyAll(t *testing.T, ref *parity.Reference, got [][]int, gen parity.Generator) {
 	t.Helper()
-	for i, p := range r.Prompts {
-		checkGreedy(t, got[i], p.GreedyNewIDs, p.GreedyMargins)
+	for i, p := range ref.Prompts {
+		first := true
+		checkGreedy(t, func(prompt []int, n int) ([]int, error) {
+			if first {
+				first = false
+				return got[i], nil
+			}
+			return gen(prompt, n)
+		}, p)
 	}
-}
-
-// generatePrompt is the prompt as Hugging Face's generate saw it when the references were
-// made: the fixture script passed pad_token_id=0 and no attention mask, so transformers took
-// leading id-0 tokens (the BOS of the Llama 3 style tokenizers) for left padding, masked them
-// out and numbered the remaining positions from 0. Such a token is invisible to every other
-// position, which is the same as leaving it out. The logits above are compared with BOS in place.
-func generatePrompt(ids []int) []int {
-	for len(ids) > 1 && ids[0] == 0 {
-		ids = ids[1:]
-	}
-	return ids
 }
 
 func TestHuggingFaceParity(t *testing.T) {
@@ -145,21 +144,9 @@ func TestHuggingFaceParity(t *testing.T) {
 			}
 			defer m.Close()
 			for _, p := range ref.Prompts {
-				logits, vocab := runAll(t, m.Program, p.IDs)
-				last := logits[(len(p.IDs)-1)*vocab:]
-				if d, at := maxAbsDiff(last, p.LastLogits); d > logitTol {
-					t.Errorf("%q: last-position logits differ by %.2e at token %d (tolerance %.0e)", p.Text, d, at, logitTol)
-				}
-				for pos, row := range p.AllLogits {
-					if d, at := maxAbsDiff(logits[pos*vocab:(pos+1)*vocab], row); d > logitTol {
-						t.Errorf("%q: position %d logits differ by %.2e at token %d", p.Text, pos, d, at)
-					}
-				}
-				res, err := GreedyRecompute(context.Background(), m.Program, generatePrompt(p.IDs), len(p.GreedyNewIDs))
-				if err != nil {
-					t.Fatal(err)
-				}
-				checkGreedy(t, res.NewIDs, p.GreedyNewIDs, p.GreedyMargins)
+				logits, _ := runAll(t, m.Program, p.IDs)
+				checkLogits(t, logits, p)
+				checkGreedy(t, recomputeGen(m.Program), p)
 			}
 		})
 	}

@@ -35,7 +35,7 @@ func mustMeshFor(t testing.TB, worldSize int, mesh string) dist.Mesh {
 }
 
 // TestHuggingFaceParityTP holds every fixture, sharded for tp = 1, 2 and 4, to Hugging
-// Face's logits (last position within 1e-3, every position too) and greedy tokens, as
+// Face's logits (last position within parity.LogitTol, every position too) and greedy tokens, as
 // TestHuggingFaceParity does for the plain graph. tiny-gqa6 (6 heads, 1 KV head) replicates
 // its KV head at tp=2 and 4 and falls back to replicated attention at tp=4.
 func TestHuggingFaceParityTP(t *testing.T) {
@@ -60,21 +60,9 @@ func TestHuggingFaceParityTP(t *testing.T) {
 				}
 				exe := m.Executable()
 				for _, p := range ref.Prompts {
-					logits, vocab := runAll(t, exe, p.IDs)
-					last := logits[(len(p.IDs)-1)*vocab:]
-					if d, at := maxAbsDiff(last, p.LastLogits); d > logitTol {
-						t.Errorf("%q: last-position logits differ by %.2e at token %d (tolerance %.0e)", p.Text, d, at, logitTol)
-					}
-					for pos, row := range p.AllLogits {
-						if d, at := maxAbsDiff(logits[pos*vocab:(pos+1)*vocab], row); d > logitTol {
-							t.Errorf("%q: position %d logits differ by %.2e at token %d", p.Text, pos, d, at)
-						}
-					}
-					res, err := GreedyRecompute(context.Background(), exe, generatePrompt(p.IDs), len(p.GreedyNewIDs))
-					if err != nil {
-						t.Fatal(err)
-					}
-					checkGreedy(t, res.NewIDs, p.GreedyNewIDs, p.GreedyMargins)
+					logits, _ := runAll(t, exe, p.IDs)
+					checkLogits(t, logits, p)
+					checkGreedy(t, recomputeGen(exe), p)
 				}
 			})
 		}

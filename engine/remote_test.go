@@ -643,7 +643,7 @@ func TestRemoteEngineCPU(t *testing.T) {
 	ref := loadReference(t, dir)
 	var reqs []Request
 	for _, p := range ref.Prompts {
-		reqs = append(reqs, Request{Prompt: generatePrompt(p.IDs), MaxTokens: 6, IgnoreEOS: true})
+		reqs = append(reqs, Request{Prompt: p.IDs, MaxTokens: 6, IgnoreEOS: true})
 	}
 	opts := Options{MaxTokensPerStep: 16, KVBlocks: 32, Logger: quiet}
 	local, err := New(context.Background(), m, opts)

@@ -2,14 +2,14 @@ package transform_test
 
 import (
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/loom-ml/loom/backend/cpu"
 	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/internal/parity"
 	"github.com/loom-ml/loom/model"
 	_ "github.com/loom-ml/loom/model/all" // register every frontend
 	"github.com/loom-ml/loom/tensor"
@@ -161,23 +161,9 @@ func TestPipelineMatchCounts(t *testing.T) {
 	}
 }
 
-// reference is the part of a fixture's reference.json (Hugging Face transformers, f32) that
-// the parity test reads; see engine/parity_test.go.
-type reference struct {
-	Prompts []struct {
-		Text       string      `json:"text"`
-		IDs        []int       `json:"ids"`
-		LastLogits []float32   `json:"last_logits"`
-		AllLogits  [][]float32 `json:"all_logits"`
-	} `json:"prompts"`
-}
-
-// logitTol is engine/parity_test.go's tolerance against Hugging Face's f32 logits.
-const logitTol = 1e-3
-
 // TestPipelineParity runs each fixture's optimized graph on the CPU backend and holds its
 // logits to Hugging Face's. The prompts are fed as the reference saw them for its logits, a
-// leading BOS included (engine/parity_test.go drops it only for greedy generation).
+// leading BOS included.
 func TestPipelineParity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every fixture model")
@@ -185,13 +171,9 @@ func TestPipelineParity(t *testing.T) {
 	for _, f := range fixtures {
 		t.Run(f.name, func(t *testing.T) {
 			m, g := openFixture(t, f.name)
-			data, err := os.ReadFile(filepath.Join(m.Dir, "reference.json"))
+			ref, err := parity.Load(m.Dir)
 			if err != nil {
 				t.Fatal(err)
-			}
-			var ref reference
-			if err := json.Unmarshal(data, &ref); err != nil {
-				t.Fatalf("reference.json: %v", err)
 			}
 			out, _ := optimize(t, m, g)
 			prog, err := cpu.Compile(context.Background(), out, m.Checkpoint)
@@ -210,43 +192,18 @@ func TestPipelineParity(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				logits, vocab := outs[0].Float32s(), outs[0].Shape[2]
-				last := logits[(len(ids)-1)*vocab:]
-				if d, at := maxAbsDiff(last, p.LastLogits); d > logitTol {
-					t.Errorf("%q: last-position logits differ by %.2e at token %d (tolerance %.0e)", p.Text, d, at, logitTol)
-				}
-				for i, row := range p.AllLogits {
-					if d, at := maxAbsDiff(logits[i*vocab:(i+1)*vocab], row); d > logitTol {
-						t.Errorf("%q: position %d logits differ by %.2e at token %d", p.Text, i, d, at)
-					}
+				if err := parity.CheckLogits(outs[0].Float32s(), p, parity.LogitTol); err != nil {
+					t.Error(err)
 				}
 			}
 		})
 	}
 }
 
-func maxAbsDiff(a, b []float32) (float64, int) {
-	if len(a) != len(b) {
-		return math.Inf(1), -1
-	}
-	worst, at := 0.0, -1
-	for i := range a {
-		if d := math.Abs(float64(a[i] - b[i])); d > worst || math.IsNaN(d) {
-			worst, at = d, i
-		}
-	}
-	return worst, at
-}
-
-// bf16Tol bounds how far the optimized graph's logits may stray from the plain graph's with
-// bf16 activations: a fused kernel may keep an intermediate in f32 where the primitives round
-// it to bf16 (today the CPU backend's fused kernels round as the primitives do).
-const bf16Tol = 0.05
-
 // TestPipelineBF16 runs the pipeline on graphs with bf16 activations, where every cast the
 // frontend writes survives post_export: the same patterns must match as in f32, and the
 // optimized graph must compute what the plain graph computes on the CPU backend, up to the
-// rounding that bf16 intermediates allow.
+// bit: the CPU backend's fused kernels round as the primitives do.
 func TestPipelineBF16(t *testing.T) {
 	for _, f := range fixtures {
 		t.Run(f.name, func(t *testing.T) {
@@ -290,11 +247,16 @@ func TestPipelineBF16(t *testing.T) {
 			}
 			want, have := run(plain), run(out)
 			zero := make([]float32, len(want))
-			if scale, _ := maxAbsDiff(want, zero); scale < 1e-3 {
+			if scale, _ := parity.MaxAbsDiff(want, zero); scale < 1e-3 {
 				t.Fatalf("the plain graph's logits are all about 0 (max %.2g): nothing to compare", scale)
 			}
-			if d, at := maxAbsDiff(have, want); d > bf16Tol {
-				t.Errorf("logits of the optimized graph differ from the plain graph's by %.3g at %d (tolerance %g)", d, at, bf16Tol)
+			if i := slices.IndexFunc(want, func(v float32) bool { return v != v }); i >= 0 {
+				t.Fatalf("the plain graph's logit %d is NaN", i)
+			}
+			for i := range want {
+				if math.Float32bits(have[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("logit %d of the optimized graph is %v, the plain graph's %v: not bit for bit", i, have[i], want[i])
+				}
 			}
 		})
 	}

@@ -66,7 +66,7 @@ func TestOptimizedProgramFixtures(t *testing.T) {
 }
 
 // The optimized graphs, run by the CUDA executor with f32 activations and exact f32 GEMMs,
-// give Hugging Face's logits within 1e-3 and its greedy tokens up to the first near-tie.
+// give Hugging Face's logits within parity.LogitTol and its greedy tokens.
 func TestOptimizedProgramHuggingFaceParity(t *testing.T) {
 	d := gpu(t)
 	for _, name := range fixtures {
