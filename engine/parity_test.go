@@ -2,11 +2,18 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/loom-ml/loom/internal/parity"
+	"github.com/loom-ml/loom/kvcache"
+	"github.com/loom-ml/loom/model/safetensors"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -160,6 +167,161 @@ func TestUnsupportedArchitectureListsSupported(t *testing.T) {
 	for _, want := range []string{"MixtralForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}
+
+// bitsEqual reports whether a and b hold the same float32 bits.
+func bitsEqual(a, b []float32) bool {
+	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
+}
+
+// cachedPromptLogits feeds prompt through e's paged KV cache in chunks of chunk tokens (so
+// later chunks attend to keys and values written by earlier steps) and returns the logits
+// of its last position.
+func cachedPromptLogits(t *testing.T, e *Engine, prompt []int, chunk int) []float32 {
+	t.Helper()
+	const id = kvcache.SeqID(1 << 20) // far from the engine's own ids
+	if err := e.alloc.Reserve(id, len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	defer e.alloc.Free(id)
+	var last []float32
+	for from := 0; from < len(prompt); from += chunk {
+		n := min(chunk, len(prompt)-from)
+		in, err := stepInputs(e.alloc, []stepSeq{{seq: id, tokens: prompt, from: from, n: n}}, e.layout.LogitRows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.ranks.run(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		V := out.Shape[2]
+		r := n - 1
+		if e.layout.LogitRows { // gather_logits: one row per sequence
+			r = 0
+		}
+		last = slices.Clone(out.F32[r*V : (r+1)*V])
+	}
+	return last
+}
+
+// TestCachedEngineHuggingFaceParity holds the deployed path, the optimized graph with the
+// paged KV cache, to Hugging Face's last-position logits on every fixture and prompt, at
+// tensor-parallel sizes 1, 2 and 4, with the prompt fed in chunks of 7 tokens.
+func TestCachedEngineHuggingFaceParity(t *testing.T) {
+	for _, name := range supportedFixtures {
+		for _, tp := range []int{1, 2, 4} {
+			t.Run(fmt.Sprintf("%s/tp=%d", name, tp), func(t *testing.T) {
+				if tp > 1 && testing.Short() {
+					t.Skip("tensor-parallel runs skipped in -short mode")
+				}
+				dir := filepath.Join("..", "testdata", name)
+				ref := loadReference(t, dir)
+				m, err := Load(context.Background(), dir, LoadOptions{Optimize: true, Mesh: mustMeshFor(t, tp, "")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				longest := 0
+				for _, p := range ref.Prompts {
+					longest = max(longest, len(p.IDs))
+				}
+				e, err := New(context.Background(), m, Options{Logger: quiet, MaxTokensPerStep: 16, KVBlocks: longest/16 + 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				for _, p := range ref.Prompts {
+					if err := parity.CheckLogits(cachedPromptLogits(t, e, p.IDs, 7), p, logitTol); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// convertCheckpoint copies the checkpoint in dir to a new directory with every weight cast
+// to dt and config.json's dtype saying so.
+func convertCheckpoint(t *testing.T, dir string, dt tensor.DType, torchName string) string {
+	t.Helper()
+	out := t.TempDir()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch e.Name() {
+		case "model.safetensors":
+			continue
+		case "config.json":
+			var cfg map[string]any
+			if err := json.Unmarshal(data, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			delete(cfg, "torch_dtype")
+			cfg["dtype"] = torchName
+			if data, err = json.Marshal(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(out, e.Name()), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tensors := map[string]*tensor.Tensor{}
+	for _, name := range f.Names() {
+		w, err := f.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tensors[name] = w.Cast(dt)
+	}
+	if err := safetensors.Write(filepath.Join(out, "model.safetensors"), tensors); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCheckpointDTypes: the bf16 fixture stored as f32 (the same values) and as f16 (the same
+// values too: bf16's 8 significant bits fit f16's 11, and these weights lie in f16's normal
+// range but for a few that lose under 1e-7) loads and gives Hugging Face's logits and greedy
+// tokens, through the plain and the optimized graph.
+func TestCheckpointDTypes(t *testing.T) {
+	const name = "tiny-llama"
+	ref := loadReference(t, filepath.Join("..", "testdata", name))
+	for _, tc := range []struct {
+		dt    tensor.DType
+		torch string
+	}{{tensor.F32, "float32"}, {tensor.F16, "float16"}} {
+		dir := convertCheckpoint(t, filepath.Join("..", "testdata", name), tc.dt, tc.torch)
+		for _, optimize := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/optimize=%v", tc.dt, optimize), func(t *testing.T) {
+				m, err := Load(context.Background(), dir, LoadOptions{Optimize: optimize, Transforms: wholeSequences})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if got := m.Model.Config.DType; got != tc.dt {
+					t.Fatalf("config dtype %s, want %s", got, tc.dt)
+				}
+				for _, p := range ref.Prompts {
+					logits, _ := runAll(t, m.Executable(), p.IDs)
+					checkLogits(t, logits, p)
+					checkGreedy(t, recomputeGen(m.Executable()), p)
+				}
+			})
 		}
 	}
 }
