@@ -24,7 +24,17 @@
 // (optional, instead of output and matches) is text the transform's error must contain.
 // The transform runs as the optimizer runs it (transform.Apply), verifier included.
 //
-// go test -update rewrites output and matches from what the transform produced.
+// Since go test -update writes the expected text from what the transform produced, every
+// case is also checked numerically: the input graph and the transformed graph (after an
+// error, what the transform left) run on the CPU backend with the same random inputs and
+// weights, and their outputs must be equal, bit for bit for exact transforms and unchanged
+// graphs, within a few rounding units of the graphs' coarsest float dtype otherwise. Graphs
+// with collectives run on in-process ranks (package dist/local): a graph split by sharding
+// rank by rank against the unsplit one, a graph that is already one rank's as every rank's
+// graph, each transformed as that rank. See numeric.go.
+//
+// go test -update rewrites output and matches from what the transform produced; the
+// numeric check still runs.
 package transformtest
 
 import (
@@ -110,9 +120,11 @@ func runCase(t *testing.T, file string, tr *transform.Transform) (matches int, o
 		t.Fatalf("%s: input: %v", file, err)
 	}
 	inputText := g.String()
+	in, _ := graph.Parse(input) // the transform rewrites g in place
 
 	c := &transform.Context{Logger: slog.New(transform.NewLineHandler(testWriter{t}, slog.LevelDebug))}
-	info, runErr := transform.Apply(context.Background(), c, tr, g, []byte(sections["options"]))
+	options := []byte(sections["options"])
+	info, runErr := transform.Apply(context.Background(), c, tr, g, options)
 
 	if wantErr, isErrCase := sections["error"]; isErrCase {
 		want := strings.TrimSpace(wantErr)
@@ -121,6 +133,12 @@ func runCase(t *testing.T, file string, tr *transform.Transform) (matches int, o
 			t.Errorf("%s: no error, want one containing %q", file, want)
 		case !strings.Contains(runErr.Error(), want):
 			t.Errorf("%s: error %q, want one containing %q", file, runErr, want)
+		}
+		// What the failed transform left must still compute what the input computes.
+		if err := graph.Verify(g); err != nil {
+			t.Errorf("%s: after the error the graph does not verify: %v", file, err)
+		} else {
+			checkNumeric(t, file, tr, in, g, options)
 		}
 		return 0, false
 	}
@@ -131,6 +149,7 @@ func runCase(t *testing.T, file string, tr *transform.Transform) (matches int, o
 
 	if *update {
 		writeUpdate(t, file, ar, got, inputText, info.Matches)
+		checkNumeric(t, file, tr, in, g, options)
 		return info.Matches, true
 	}
 
@@ -156,6 +175,7 @@ func runCase(t *testing.T, file string, tr *transform.Transform) (matches int, o
 	if wantMatches >= 0 && info.Matches != wantMatches {
 		t.Errorf("%s: matches = %d, want %d", file, info.Matches, wantMatches)
 	}
+	checkNumeric(t, file, tr, in, g, options)
 	return wantMatches, wantMatches >= 0
 }
 
