@@ -84,8 +84,8 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 		rawCache:     newWordCache(cacheWords),
 	}
 	for tok, id := range m.vocab {
-		if id < 0 || id > 1<<31-1 {
-			return nil, fmt.Errorf("model: vocab: token %q has invalid id %d", tok, id)
+		if id < 0 || id > maxTokenID {
+			return nil, fmt.Errorf("model: vocab: token %q has invalid id %d (ids go from 0 to %d)", tok, id, maxTokenID)
 		}
 	}
 	if cfg.UnkToken != nil {

@@ -34,6 +34,11 @@ type Tokenizer struct {
 	cleanup bool
 }
 
+// maxTokenID bounds the ids a file may give tokens. The id tables are dense, sized by the
+// largest id, so an id of 2^31-1 in a few bytes of JSON made loading allocate over 30 GB;
+// real vocabularies stay far below this bound.
+const maxTokenID = 1<<24 - 1
+
 // file is the top level of tokenizer.json.
 type file struct {
 	AddedTokens   []AddedToken    `json:"added_tokens"`
@@ -117,8 +122,8 @@ func parse(data []byte) (*Tokenizer, error) {
 		if a.Content == "" {
 			return nil, fmt.Errorf("added_tokens[%d]: empty content", i)
 		}
-		if a.ID < 0 || a.ID > 1<<31-1 {
-			return nil, fmt.Errorf("added_tokens[%d]: invalid id %d", i, a.ID)
+		if a.ID < 0 || a.ID > maxTokenID {
+			return nil, fmt.Errorf("added_tokens[%d]: invalid id %d (ids go from 0 to %d)", i, a.ID, maxTokenID)
 		}
 		t.added = append(t.added, &a)
 	}
@@ -206,7 +211,7 @@ func (t *Tokenizer) applyConfig(data []byte) error {
 		for _, k := range keys {
 			a := dec[k]
 			var id int
-			if _, err := fmt.Sscan(k, &id); err != nil || id < 0 || id > 1<<31-1 {
+			if _, err := fmt.Sscan(k, &id); err != nil || id < 0 || id > maxTokenID {
 				return fmt.Errorf("added_tokens_decoder: invalid id %q", k)
 			}
 			if _, ok := t.addedByS[a.Content]; ok || a.Content == "" {
