@@ -63,6 +63,22 @@ type jsonEncoder struct {
 	indent    string
 	pretty    bool
 	sortKeys  bool
+	// open holds the lists and dicts being written: a template can make a list hold
+	// itself (messages.append(messages)), which Python refuses and which recursed here
+	// until the stack overflowed.
+	open map[any]bool
+}
+
+// enter marks the list or dict c as being written, failing as Python does when it already is.
+func (e *jsonEncoder) enter(c any) error {
+	if e.open[c] {
+		return fmt.Errorf("tojson: circular reference detected")
+	}
+	if e.open == nil {
+		e.open = map[any]bool{}
+	}
+	e.open[c] = true
+	return nil
 }
 
 func (e *jsonEncoder) newline(depth int) {
@@ -87,12 +103,20 @@ func (e *jsonEncoder) encode(v jinja.Value, depth int) error {
 	case v.IsString():
 		writeJSONString(&e.b, v.AsString())
 	case v.IsList():
+		if err := e.enter(v.AsList()); err != nil {
+			return err
+		}
+		defer delete(e.open, v.AsList())
 		items := v.AsList().Items
 		return e.container('[', ']', len(items), depth, func(i int) error {
 			return e.encode(items[i], depth+1)
 		})
 	case v.IsDict():
 		d := v.AsDict()
+		if err := e.enter(d); err != nil {
+			return err
+		}
+		defer delete(e.open, d)
 		keys := d.OrderedKeys()
 		if e.sortKeys {
 			keys = append([]string(nil), keys...)
