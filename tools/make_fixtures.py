@@ -5,15 +5,35 @@
 #   python3 tools/make_fixtures.py OUTDIR [name ...]
 # With no names it builds every fixture below. The first three (tiny-llama, tiny-qwen2,
 # tiny-mixtral) came from an earlier copy of this script; the rest were added for Loom.
-import sys, os, json, glob, math
+# A rebuild into a folder that already holds a fixture says whether model.safetensors kept its bytes.
+#
+# Recompute reference.json for existing fixture folders (no tokenizer training, so the `tokenizers`
+# package is only needed to encode the prompts):
+#   python3 tools/make_fixtures.py --references-only [--loom-tokenize] DIR [DIR ...]
+# This sets config.json's max_position_embeddings to the value below, checks that the seeded weights
+# rebuilt from the table below equal model.safetensors bit for bit, keeps the file's "tokenize" and
+# "chat" sections and rewrites "prompts". A prompt already in the old reference.json must tokenize to
+# the same ids. --loom-tokenize encodes the prompts with Loom's tokenizer (`loom tokenize`, from $LOOM
+# or `go run ./cmd/loom`) instead of HF's, and decodes greedy_text from tokenizer.json here.
+#
+# References come from a fresh from_pretrained(dtype=float32) of the saved folder, as a user's
+# transformers run sees it (that keeps the rotary inv_freq buffer in f32; converting the live bf16
+# model back to f32 would round it through bf16), with eager attention. Greedy = argmax at every step,
+# recomputing the whole sequence, BOS visible (generate() with pad_token_id=0 took a leading id 0,
+# the BOS of the llama3-style tokenizers, for left padding).
+import sys, os, json, glob, math, re, subprocess
 import torch
-from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors, normalizers, Regex
-from transformers import PreTrainedTokenizerFast, AutoModelForCausalLM
+from transformers import PreTrainedTokenizerFast, AutoModelForCausalLM, AutoTokenizer
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config, MixtralConfig, MistralConfig
 
-OUT = sys.argv[1]
-ONLY = set(sys.argv[2:])
-os.makedirs(OUT, exist_ok=True)
+REFS_ONLY = "--references-only" in sys.argv
+LOOM_TOKENIZE = "--loom-tokenize" in sys.argv
+ARGS = [a for a in sys.argv[1:] if a not in ("--references-only", "--loom-tokenize")]
+if not REFS_ONLY:
+    from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors, normalizers, Regex
+    OUT = ARGS[0]
+    ONLY = set(ARGS[1:])
+    os.makedirs(OUT, exist_ok=True)
 
 
 def corpus():
@@ -108,19 +128,32 @@ TOKEN_CASES = ["Hello world", "The quick brown fox jumps over the lazy dog.", " 
                "你好，世界！", "Ça va? naïve café", "emoji 😀🚀 done", "line one\nline two\n\n\ttabbed", "don't can't I'll we've", "",
                "a" * 50, "MiXeD CaSe WORDS", "<|im_start|>user\nhi<|im_end|>", "<|begin_of_text|>raw special", "<s>[INST] hi [/INST]",
                "\u00e9\u0301 combining and \u2126 ohm", "x\u0000y \U0001F9EA"]
-PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away, there lived", "1, 2, 3, 4,"]
+# Natural English prose that every fixture's tokenizer turns into 300+ tokens (about 450 here): long
+# enough for long-context paths (several KV blocks, chunked prefill, positions past llama3's
+# original_max_position_embeddings of 32, Mistral's sliding window of 8).
+LONG_PROMPT = (
+    "The lighthouse keeper had lived on the island for almost thirty years, and in all that time he had never once let "
+    "the lamp go dark. Every evening, just before the sun slipped beneath the grey line of the sea, he climbed the narrow "
+    "stairs with a can of oil in one hand and a cloth in the other, and he polished the great glass lens until it shone "
+    "like a second moon. The fishermen in the village across the bay said that you could set your watch by the moment "
+    "the beam first swept across the water. In the winter the storms came in from the north, and the wind howled around "
+    "the tower so loudly that he could not hear himself think. On those nights he sat by the small iron stove in the "
+    "kitchen, drinking strong tea and reading old books about sailors who had crossed the oceans long before there were "
+    "any lights to guide them home.")
+LONG_MIN_TOKENS = 300
+PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away, there lived", "1, 2, 3, 4,", LONG_PROMPT]
+GREEDY_STEPS = 24
+MAX_POSITIONS = 1024  # every fixture; the long prompt and its continuation must fit
+NOTE = "logits by HF transformers in float32 from a fresh from_pretrained of the bf16 weights in this folder"
+GREEDY_NOTE = "argmax at each step, full recompute, float32, BOS visible"
 
 
-def build(name, cfg_cls, style, seed, **kw):
-    if ONLY and name not in ONLY:
-        return
-    d = os.path.join(OUT, name)
-    os.makedirs(d, exist_ok=True)
-    tok = make_tokenizer(style, kw.pop("vocab_size", 512))
+def seeded_model(cfg_cls, seed, vocab_size, bos, eos, kw):
+    """The fixture's weights: HF's own init under the seed, then the distribution below, rounded to bf16."""
     torch.manual_seed(seed)
-    cfg = cfg_cls(vocab_size=len(tok), **kw)
-    cfg.bos_token_id = tok.bos_token_id
-    cfg.eos_token_id = tok.eos_token_id
+    cfg = cfg_cls(vocab_size=vocab_size, **kw)
+    cfg.bos_token_id = bos
+    cfg.eos_token_id = eos
     torch.set_default_dtype(torch.float32)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     with torch.no_grad():
@@ -131,59 +164,207 @@ def build(name, cfg_cls, style, seed, **kw):
                 p.uniform_(0.5, 1.5)
             else:
                 p.normal_(0, 0.1)
-    model = model.to(torch.bfloat16)
+    return model.to(torch.bfloat16)
+
+
+def references(d, encode, decode):
+    """Reference outputs of the checkpoint in folder d, loaded as a user's transformers run loads it."""
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    assert model.config._attn_implementation == "eager"
+    out = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = encode(p)
+            if p == LONG_PROMPT:
+                assert len(ids) >= LONG_MIN_TOKENS, (d, len(ids))
+            assert len(ids) + GREEDY_STEPS <= model.config.max_position_embeddings, (d, len(ids))
+            logits = model(torch.tensor([ids])).logits[0]
+            seq, new, margins = list(ids), [], []
+            for _ in range(GREEDY_STEPS):
+                top = torch.topk(model(torch.tensor([seq])).logits[0, -1], 2)
+                new.append(int(top.indices[0]))
+                margins.append(float(top.values[0] - top.values[1]))
+                seq.append(new[-1])
+            out.append({"text": p, "ids": ids, "last_logits": logits[-1].tolist(),
+                        "all_logits": logits.tolist() if p == PROMPTS[0] else None,
+                        "greedy_new_ids": new, "greedy_text": decode(new), "greedy_margins": margins,
+                        "greedy_note": GREEDY_NOTE})
+            print(os.path.basename(d), "prompt", len(out) - 1, "tokens", len(ids), "greedy", new[:8], "...", flush=True)
+    return out
+
+
+def build(name, cfg_cls, style, seed, kw):
+    if ONLY and name not in ONLY:
+        return
+    kw = dict(kw)
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    weights = os.path.join(d, "model.safetensors")
+    old = open(weights, "rb").read() if os.path.exists(weights) else None
+    tok = make_tokenizer(style, kw.pop("vocab_size", 512))
+    model = seeded_model(cfg_cls, seed, len(tok), tok.bos_token_id, tok.eos_token_id, kw)
     model.save_pretrained(d, safe_serialization=True)
     tok.save_pretrained(d)
-    model = model.to(torch.float32).eval()
-    ref = {"model": name, "note": "logits computed by HF transformers in float32 from the bf16 weights in this folder", "tokenize": [], "prompts": []}
+    if old is not None:
+        print(name, "model.safetensors", "unchanged" if open(weights, "rb").read() == old else "CHANGED", flush=True)
+    ref = {"model": name, "note": NOTE, "tokenize": [], "prompts": []}
     for s in TOKEN_CASES:
         ids = tok.encode(s, add_special_tokens=True)
         ref["tokenize"].append({"text": s, "ids_with_special": ids, "ids_no_special": tok.encode(s, add_special_tokens=False),
                                 "decoded": tok.decode(ids, skip_special_tokens=False)})
+    ref["prompts"] = references(d, lambda p: tok.encode(p, add_special_tokens=True), tok.decode)
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
     chat_text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     ref["chat"] = {"messages": msgs, "rendered": chat_text, "ids": tok.encode(chat_text, add_special_tokens=False)}
-    with torch.no_grad():
-        for p in PROMPTS:
-            ids = tok.encode(p, add_special_tokens=True)
-            x = torch.tensor([ids])
-            out = model(x)
-            logits = out.logits[0]
-            gen = model.generate(x, max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-            new = gen[0, len(ids):].tolist()
-            seq = gen[0].tolist()
-            full = model(torch.tensor([seq])).logits[0]
-            margins = []
-            for i in range(len(ids) - 1, len(seq) - 1):
-                top = torch.topk(full[i], 2).values
-                margins.append(float(top[0] - top[1]))
-            ref["prompts"].append({"text": p, "ids": ids, "last_logits": logits[-1].tolist(),
-                                   "all_logits": logits.tolist() if p == PROMPTS[0] else None,
-                                   "greedy_new_ids": new, "greedy_text": tok.decode(new), "greedy_margins": margins})
     json.dump(ref, open(os.path.join(d, "reference.json"), "w"))
     print(name, "params", sum(p.numel() for p in model.parameters()), "vocab", len(tok), "files", sorted(os.listdir(d)), flush=True)
 
 
+def loom_encode(d):
+    loom = os.environ.get("LOOM")
+    cmd = [loom] if loom else ["go", "run", "./cmd/loom"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return lambda p: json.loads(subprocess.run(cmd + ["tokenize", "--model", os.path.abspath(d), "--text", p], cwd=root,
+                                               check=True, capture_output=True, text=True).stdout)
+
+
+def tokenizer_json_decode(d):
+    """decode(ids) with the two decoders these fixtures use (byte-level; SentencePiece-style with byte fallback)."""
+    spec = json.load(open(os.path.join(d, "tokenizer.json"), encoding="utf-8"))
+    vocab = {i: s for s, i in spec["model"]["vocab"].items()}
+    vocab.update({a["id"]: a["content"] for a in spec["added_tokens"]})
+    specials = {a["id"] for a in spec["added_tokens"] if a.get("special")}
+    if spec["decoder"]["type"] == "ByteLevel":
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+        cs, n = bs[:], 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        byte_of = {chr(c): b for b, c in zip(bs, cs)}
+
+        def decode(ids):
+            out, buf = [], []
+            for i in ids:
+                if i in specials:
+                    out.append(bytes(buf).decode("utf-8", errors="replace"))
+                    buf = []
+                    out.append(vocab[i])
+                else:
+                    buf += [byte_of[c] for c in vocab[i]]
+            return "".join(out) + bytes(buf).decode("utf-8", errors="replace")
+        return decode
+
+    def decode(ids):  # Replace(U+2581 -> " "), ByteFallback, Fuse, Strip(1 leading space)
+        parts, buf = [], []
+        for i in ids:
+            s = vocab[i]
+            m = re.fullmatch(r"<0x([0-9A-F]{2})>", s)
+            if m:
+                buf.append(int(m.group(1), 16))
+                continue
+            if buf:
+                try:
+                    parts.append(bytes(buf).decode("utf-8"))
+                except UnicodeDecodeError:
+                    parts.append("\ufffd" * len(buf))
+                buf = []
+            parts.append(s.replace("\u2581", " "))
+        if buf:
+            try:
+                parts.append(bytes(buf).decode("utf-8"))
+            except UnicodeDecodeError:
+                parts.append("\ufffd" * len(buf))
+        text = "".join(parts)
+        return text[1:] if text.startswith(" ") else text
+    return decode
+
+
+def refresh(d):
+    """--references-only: recompute d/reference.json for an existing fixture folder."""
+    d = d.rstrip("/")
+    name = os.path.basename(d)
+    fx = {f[0]: f for f in FIXTURES}[name]
+    _, cfg_cls, style, seed, kw = fx
+    kw = {k: v for k, v in kw.items() if k != "vocab_size"}
+    cfg_path = os.path.join(d, "config.json")
+    text = open(cfg_path, encoding="utf-8").read()
+    new_text = re.sub(r'("max_position_embeddings": )\d+', lambda m: m.group(1) + str(kw["max_position_embeddings"]), text)
+    if new_text != text:
+        open(cfg_path, "w", encoding="utf-8").write(new_text)
+    cfg = json.loads(new_text)
+    # the seeded weights, rebuilt, must equal the checkpoint bit for bit
+    model = seeded_model(cfg_cls, seed, cfg["vocab_size"], cfg["bos_token_id"], cfg["eos_token_id"], kw)
+    from safetensors import safe_open
+    import tempfile
+
+    def tensors(path):
+        with safe_open(path, "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    with tempfile.TemporaryDirectory() as tmp:  # saved as a rebuild saves it (e.g. Mixtral's fused experts unfused)
+        model.save_pretrained(tmp, safe_serialization=True)
+        mine = tensors(os.path.join(tmp, "model.safetensors"))
+    saved = tensors(os.path.join(d, "model.safetensors"))
+    bad = sorted(set(saved) ^ set(mine)) + [k for k in saved if k in mine and not torch.equal(saved[k], mine[k])]
+    assert not bad, (name, "seeded weights differ from model.safetensors", bad)
+    print(name, "seeded weights == model.safetensors (%d tensors)" % len(saved), flush=True)
+    old = json.load(open(os.path.join(d, "reference.json"), encoding="utf-8"))
+    old_ids = {p["text"]: p["ids"] for p in old["prompts"]}
+    if LOOM_TOKENIZE:
+        encode, decode = loom_encode(d), tokenizer_json_decode(d)
+    else:
+        tok = AutoTokenizer.from_pretrained(d)
+        encode, decode = (lambda p: tok.encode(p, add_special_tokens=True)), tok.decode
+
+    def checked_encode(p):
+        ids = encode(p)
+        assert p not in old_ids or old_ids[p] == ids, (name, p, ids, old_ids[p])
+        return ids
+    ref = {"model": name, "note": NOTE, "tokenize": old["tokenize"],
+           "prompts": references(d, checked_encode, decode), "chat": old["chat"]}
+    json.dump(ref, open(os.path.join(d, "reference.json"), "w"))
+
+
 common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=256, rms_norm_eps=1e-5)
-build("tiny-llama", LlamaConfig, "llama3", 1, rope_theta=10000.0, tie_word_embeddings=False, **common)
-build("tiny-qwen2", Qwen2Config, "qwen2", 2, rope_theta=1000000.0, tie_word_embeddings=True, **common)
-build("tiny-mixtral", MixtralConfig, "llama3", 6, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-      rope_theta=1000000.0, tie_word_embeddings=False)
-# Qwen3: explicit head_dim (24, not hidden/heads), per-head q/k RMSNorm.
-build("tiny-qwen3", Qwen3Config, "qwen2", 7, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
-      tie_word_embeddings=False)
-# Mistral: SentencePiece-style tokenizer with a Metaspace pre-tokenizer; a sliding window shorter than the prompts.
-build("tiny-mistral", MistralConfig, "metaspace", 8, sliding_window=8, rope_theta=10000.0, tie_word_embeddings=False, vocab_size=300, **common)
-# Llama 3.1-style rope scaling (rope_type llama3) with a small original context so every band is exercised.
-build("tiny-llama31", LlamaConfig, "llama3", 9, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}, tie_word_embeddings=True, **common)
-# Llama 2-style: legacy SentencePiece tokenizer, multi-head attention, linear rope scaling.
-build("tiny-llama2", LlamaConfig, "legacy", 10, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=4, max_position_embeddings=256, rms_norm_eps=1e-6,
-      rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}, tie_word_embeddings=False, vocab_size=300)
-# 6 attention heads, 1 KV head: KV replication and non-divisible head counts under tensor parallelism.
-build("tiny-gqa6", LlamaConfig, "llama3", 11, hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=6,
-      num_key_value_heads=1, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
+              max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5)
+FIXTURES = [
+    ("tiny-llama", LlamaConfig, "llama3", 1, dict(rope_theta=10000.0, tie_word_embeddings=False, **common)),
+    ("tiny-qwen2", Qwen2Config, "qwen2", 2, dict(rope_theta=1000000.0, tie_word_embeddings=True, **common)),
+    ("tiny-mixtral", MixtralConfig, "llama3", 6, dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, tie_word_embeddings=False)),
+    # Qwen3: explicit head_dim (24, not hidden/heads), per-head q/k RMSNorm.
+    ("tiny-qwen3", Qwen3Config, "qwen2", 7, dict(
+        hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=24, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False)),
+    # Mistral: SentencePiece-style tokenizer with a Metaspace pre-tokenizer; a sliding window shorter than the prompts.
+    ("tiny-mistral", MistralConfig, "metaspace", 8, dict(
+        sliding_window=8, rope_theta=10000.0, tie_word_embeddings=False, vocab_size=300, **common)),
+    # Llama 3.1-style rope scaling (rope_type llama3) with a small original context so every band is exercised
+    # (original_max_position_embeddings stays 32 whatever max_position_embeddings is).
+    ("tiny-llama31", LlamaConfig, "llama3", 9, dict(
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        tie_word_embeddings=True, **common)),
+    # Llama 2-style: legacy SentencePiece tokenizer, multi-head attention, linear rope scaling.
+    ("tiny-llama2", LlamaConfig, "legacy", 10, dict(
+        hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}, tie_word_embeddings=False,
+        vocab_size=300)),
+    # 6 attention heads, 1 KV head: KV replication and non-divisible head counts under tensor parallelism.
+    ("tiny-gqa6", LlamaConfig, "llama3", 11, dict(
+        hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1,
+        head_dim=16, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False)),
+]
+
+if REFS_ONLY:
+    for d in ARGS:
+        refresh(d)
+else:
+    for fx in FIXTURES:
+        build(*fx)
