@@ -388,7 +388,7 @@ func TestSubmitValidation(t *testing.T) {
 	}{
 		{"empty prompt", Request{MaxTokens: 1}, "empty prompt"},
 		{"no max_tokens", Request{Prompt: []int{1}}, "max_tokens must be >= 1"},
-		{"beyond the context", Request{Prompt: make([]int, 200), MaxTokens: 57}, "exceed the model's context of 256"},
+		{"beyond the context", Request{Prompt: make([]int, 1000), MaxTokens: 25}, "exceed the model's context of 1024"},
 		{"token outside the vocabulary", Request{Prompt: []int{1, 512}, MaxTokens: 1}, "prompt token 1 is 512"},
 		{"negative token", Request{Prompt: []int{-1}, MaxTokens: 1}, "prompt token 0 is -1"},
 		{"stop token outside", Request{Prompt: []int{1}, MaxTokens: 1, StopTokenIDs: []int{600}}, "stop token id 600"},

@@ -100,7 +100,7 @@ func TestFixtureConfigs(t *testing.T) {
 			if !slices.Equal(c.EOSTokenIDs, tc.eos) {
 				t.Errorf("eos %v, want %v", c.EOSTokenIDs, tc.eos)
 			}
-			if c.DType != tensor.BF16 || c.WeightDType() != tensor.BF16 || c.HiddenAct != "silu" || c.RMSNormEps <= 0 || c.MaxPositionEmbeddings != 256 {
+			if c.DType != tensor.BF16 || c.WeightDType() != tensor.BF16 || c.HiddenAct != "silu" || c.RMSNormEps <= 0 || c.MaxPositionEmbeddings != 1024 {
 				t.Errorf("dtype %s act %q eps %g maxpos %d", c.DType, c.HiddenAct, c.RMSNormEps, c.MaxPositionEmbeddings)
 			}
 			if c.Raw["model_type"] != c.ModelType || c.ModelType == "" {
