@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/loom-ml/loom/backend/cpu"
@@ -45,13 +46,14 @@ type LoadOptions struct {
 	ProfileCUDA bool
 }
 
-// withCacheStage returns flags with the cache stage's transforms switched on, before the
-// user's --set overrides so that those still win.
+// cacheStage lists the transforms a graph needs to run in an Engine: the paged KV cache, and
+// the LM head on each sequence's last token only.
+var cacheStage = []*transform.Transform{transform.InsertCachedAttention, transform.GatherLogits}
+
+// withCacheStage returns flags that turn the cache stage's transforms on (transform.Flags.Enable:
+// over the configuration files, under the user's --set overrides, which still win).
 func withCacheStage(flags transform.Flags) transform.Flags {
-	flags.Sets = append([]string{
-		"transforms." + transform.InsertCachedAttention.Name + ".enabled=true",
-		"transforms." + transform.GatherLogits.Name + ".enabled=true",
-	}, flags.Sets...)
+	flags.Enable = append(slices.Clip(flags.Enable), cacheStage...)
 	return flags
 }
 

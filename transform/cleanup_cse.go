@@ -26,7 +26,10 @@ var CleanupCSE = &Transform{
 the same inputs (constants and params included). Uses of a later duplicate move to the first
 one, which keeps its scope. Collective ops are never merged. Matches counts the nodes removed.`,
 	Config: CSEConfig{Commutative: true, ExcludeOps: []string{}},
-	Run:    Typed(runCSE),
+	After: []Dep{
+		{CleanupNoop, "cleanup_noop removes the no-op views (reshapes to the same shape, casts to the same dtype) that hide duplicates from cleanup_cse"},
+	},
+	Run: Typed(runCSE),
 }
 
 func init() { Register(CleanupCSE) }

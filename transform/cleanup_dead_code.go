@@ -13,6 +13,10 @@ var CleanupDeadCode = &Transform{
 	Doc: `Removes nodes whose outputs no graph output depends on, params included (a weight
 nothing reads is never loaded). Graph inputs stay: they are the graph's signature.
 Matches counts the nodes removed.`,
+	After: []Dep{
+		{CleanupNoop, "cleanup_dead_code sweeps what cleanup_noop leaves unused"},
+		{CleanupCSE, "cleanup_dead_code sweeps what cleanup_cse leaves unused"},
+	},
 	Run: runDeadCode,
 }
 

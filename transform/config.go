@@ -35,6 +35,12 @@ type ConfigOptions struct {
 	Overlays fs.FS
 	// Files are user YAML files (--config), applied in order.
 	Files []string
+	// Enable lists transforms that the caller needs on, such as the engine's cache stage
+	// (insert_cached_attention, gather_logits): each is enabled over default.yaml, the
+	// overlay and the files, as if by transforms.<name>.enabled=true. Sets still apply after
+	// it, so a --set can turn one off again. Enabling does not move a transform: the run order
+	// is the listing's, checked against the dependencies as always.
+	Enable []*Transform
 	// Sets are "key=value" settings (--set), applied last, in order, such as
 	// "transforms.cleanup_cse.enabled=false". The value is read as YAML.
 	Sets []string
@@ -63,10 +69,15 @@ func (c *Config) Entries() []*Entry { return append([]*Entry(nil), c.entries...)
 func (c *Config) Entry(name string) *Entry { return c.byName[name] }
 
 // LoadConfig merges the configuration layers and decodes every transform's options: the
-// embedded default.yaml, then the architecture overlay, then each file, then each setting.
-// Mappings merge key by key at any depth; any other value (a scalar or a list) replaces the
-// one below it. An unknown transform, unknown option or value of the wrong type is an error
-// that names the key and the file (and line) it came from.
+// embedded default.yaml, then the architecture overlay, then each file, then the caller's
+// Enable list, then each setting. Mappings merge key by key at any depth; any other value (a
+// scalar or a list) replaces the one below it. An unknown transform, unknown option or value
+// of the wrong type is an error that names the key and the file (and line) it came from.
+//
+// The run order is by stage, then in the order the transforms are first listed (layers merge
+// into default.yaml's listing and cannot move a transform). It must keep every transform's
+// After declarations; a listing that breaks one is an error naming both transforms and the
+// reason.
 func LoadConfig(opts ConfigOptions) (*Config, error) {
 	layers := []layer{{name: "transform/default.yaml", data: defaultYAML}}
 	if opts.Arch != "" {
@@ -89,6 +100,12 @@ func LoadConfig(opts ConfigOptions) (*Config, error) {
 		}
 		layers = append(layers, layer{name: f, data: data})
 	}
+	for i, tr := range opts.Enable {
+		if tr == nil {
+			return nil, fmt.Errorf("ConfigOptions.Enable[%d] is nil", i)
+		}
+		layers = append(layers, enableLayer(tr.Name))
+	}
 	for _, s := range opts.Sets {
 		layers = append(layers, layer{name: "--set " + s, set: s, isSet: true})
 	}
@@ -98,12 +115,23 @@ func LoadConfig(opts ConfigOptions) (*Config, error) {
 // DefaultConfig is the configuration of default.yaml alone.
 func DefaultConfig() (*Config, error) { return LoadConfig(ConfigOptions{}) }
 
-// layer is one configuration source: YAML text, or one --set setting.
+// layer is one configuration source: YAML text, one --set setting, or a mapping made in code.
 type layer struct {
 	name  string
 	data  []byte
 	set   string
 	isSet bool
+	root  *yaml.Node // when set, the layer's mapping itself
+}
+
+// enableLayer is the layer of ConfigOptions.Enable that turns transform name on.
+func enableLayer(name string) layer {
+	str := func(v string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v} }
+	mapping := func(k string, v *yaml.Node) *yaml.Node {
+		return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{str(k), v}}
+	}
+	on := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}
+	return layer{name: "ConfigOptions.Enable", root: mapping("transforms", mapping(name, mapping("enabled", on)))}
 }
 
 // tree is a merged YAML document that remembers which layer each node came from.
@@ -147,6 +175,9 @@ func loadLayers(layers []layer, reg map[string]*Transform) (*Config, error) {
 
 // parse returns the layer's top-level mapping, or nil when the layer is empty.
 func (l layer) parse() (*yaml.Node, error) {
+	if l.root != nil {
+		return l.root, nil
+	}
 	if l.isSet {
 		return parseSet(l.set)
 	}
@@ -282,6 +313,7 @@ func (t *tree) resolve(reg map[string]*Transform) (*Config, error) {
 		return nil, errors.New("configuration lists no transforms")
 	}
 	c := &Config{byName: map[string]*Entry{}}
+	keys := map[string]*yaml.Node{} // where each transform is listed
 	for i := 0; i+1 < len(transforms.Content); i += 2 {
 		k, v := transforms.Content[i], resolveAlias(transforms.Content[i+1])
 		path := "transforms." + k.Value
@@ -295,6 +327,7 @@ func (t *tree) resolve(reg map[string]*Transform) (*Config, error) {
 		}
 		c.entries = append(c.entries, e)
 		c.byName[tr.Name] = e
+		keys[tr.Name] = k
 	}
 	var missing []string
 	for _, name := range sortedNames(reg) {
@@ -308,7 +341,38 @@ func (t *tree) resolve(reg map[string]*Transform) (*Config, error) {
 	sort.SliceStable(c.entries, func(i, j int) bool {
 		return c.entries[i].Transform.Stage < c.entries[j].Transform.Stage
 	})
+	if err := t.checkOrder(c.entries, keys); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// checkOrder holds the run order to every transform's After declarations, enabled or not
+// (see Dep). keys are the transforms' keys in the merged tree, for the error.
+func (t *tree) checkOrder(entries []*Entry, keys map[string]*yaml.Node) error {
+	pos := make(map[string]int, len(entries))
+	for i, e := range entries {
+		pos[e.Transform.Name] = i
+	}
+	for i, e := range entries {
+		tr := e.Transform
+		key, path := keys[tr.Name], "transforms."+tr.Name
+		for _, d := range tr.After {
+			dep := d.Transform
+			j, ok := pos[dep.Name]
+			switch {
+			case !ok:
+				return t.errorf(key, path, "%s must run after %s, which is not registered: %s", tr.Name, dep.Name, d.Why)
+			case dep.Stage > tr.Stage:
+				return t.errorf(key, path, "%s must run after %s, but its stage %s comes before %s's stage %s: %s",
+					tr.Name, dep.Name, tr.Stage, dep.Name, dep.Stage, d.Why)
+			case j > i:
+				return t.errorf(key, path, "%s must run after %s, but is listed before it (%s is at %s): %s",
+					tr.Name, dep.Name, dep.Name, t.where(keys[dep.Name]), d.Why)
+			}
+		}
+	}
+	return nil
 }
 
 // decodeEntry reads one transform's stage, enabled flag and options.

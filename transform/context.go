@@ -9,16 +9,18 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// Weights supplies parameter data to the weight_load stage and to transforms that need
-// weight values. It has the method set of backend.Weights, so a checkpoint satisfies both;
-// it is declared here because transform and backend sit on the same floor.
+// Weights supplies parameter data to transforms that need weight values. It has the method
+// set of backend.Weights, so a checkpoint satisfies both; it is declared here because
+// transform and backend sit on the same floor.
 type Weights interface {
 	// Load reads the tensor (or the slice of it) that ref names.
 	Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error)
 }
 
 // Context carries what transforms need beyond the graph. The optimizer sets Rank before each
-// per-rank run; everything else is set by the caller and read by the transforms.
+// per-rank run; the other fields are set by the caller and read by the transforms. Values
+// that transforms hand on to later ones (and the caller's sharding setup) travel under typed
+// keys (see Key).
 type Context struct {
 	// Arch is the model's architecture (its model_type, such as "llama"), for transforms that
 	// need to know; the configuration overlay is chosen by it too (see ConfigOptions.Arch).
@@ -33,7 +35,7 @@ type Context struct {
 	// Logger receives the summary lines and the transforms' own messages; nil discards them.
 	Logger *slog.Logger
 
-	state map[string]any
+	values map[any]any // by *Key[T]; see Key
 }
 
 // World returns the number of ranks, at least 1.
@@ -54,18 +56,30 @@ func (c *Context) Log() *slog.Logger {
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// Store keeps a value for later transforms, such as the sharding plan that detect_sharding
-// computes and sharding_executor applies. Keys are conventionally the storing transform's
-// name.
-func (c *Context) Store(key string, v any) {
-	if c.state == nil {
-		c.state = map[string]any{}
+// Key names a value of type T that a Context carries from one transform to later ones (or
+// from the caller to the transforms), such as the sharding plan that detect_sharding makes
+// and sharding_executor applies. Keys are package-level variables made by NewKey and compared
+// by identity, never by name, so a misspelt key does not compile and a value comes back with
+// the type it was set with.
+type Key[T any] struct{ name string }
+
+// NewKey makes a key; name describes the value in messages ("detect_sharding's plan") and
+// need not be unique.
+func NewKey[T any](name string) *Key[T] { return &Key[T]{name: name} }
+
+// String returns the key's name.
+func (k *Key[T]) String() string { return k.name }
+
+// Set keeps v in c under k, replacing any value set before.
+func (k *Key[T]) Set(c *Context, v T) {
+	if c.values == nil {
+		c.values = map[any]any{}
 	}
-	c.state[key] = v
+	c.values[k] = v
 }
 
-// Load returns a value kept by Store.
-func (c *Context) Load(key string) (any, bool) {
-	v, ok := c.state[key]
+// Get returns the value kept in c under k, and whether there is one.
+func (k *Key[T]) Get(c *Context) (T, bool) {
+	v, ok := c.values[k].(T)
 	return v, ok
 }

@@ -138,25 +138,27 @@ type ShardingSetup struct {
 	FactoryPlan map[string]string
 }
 
-const (
-	shardingSetupKey = "sharding_setup"
-	planKey          = "detect_sharding" // the plan, kept by detect_sharding
+// The values the sharding transforms pass on through a Context.
+var (
+	// shardingSetupKey holds the caller's ShardingSetup (SetSharding).
+	shardingSetupKey = NewKey[ShardingSetup]("the caller's sharding setup")
+	// shardingPlanKey holds detect_sharding's plan, which sharding_executor applies and
+	// rewrite_all_gather_as_all_reduce reads the mesh of.
+	shardingPlanKey = NewKey[*ShardingPlan]("detect_sharding's plan")
 )
 
 // SetSharding records the deployment's mesh and the architecture's plan for the sharding
 // transforms of c's pipeline.
-func SetSharding(c *Context, s ShardingSetup) { c.Store(shardingSetupKey, s) }
+func SetSharding(c *Context, s ShardingSetup) { shardingSetupKey.Set(c, s) }
 
 func shardingSetup(c *Context) ShardingSetup {
-	s, _ := c.Load(shardingSetupKey)
-	setup, _ := s.(ShardingSetup)
+	setup, _ := shardingSetupKey.Get(c)
 	return setup
 }
 
 // ShardingPlanOf returns the plan detect_sharding kept in c, if it ran.
 func ShardingPlanOf(c *Context) (*ShardingPlan, bool) {
-	v, ok := c.Load(planKey)
-	p, _ := v.(*ShardingPlan)
+	p, ok := shardingPlanKey.Get(c)
 	return p, ok && p != nil
 }
 
@@ -242,7 +244,7 @@ func runDetectSharding(_ context.Context, c *Context, g *graph.Graph, cfg Detect
 	if err != nil {
 		return Info{}, err
 	}
-	c.Store(planKey, plan)
+	shardingPlanKey.Set(c, plan)
 	if plan.Size <= 1 {
 		return Info{Skipped: true}, nil
 	}

@@ -12,12 +12,14 @@ import (
 //	--dump-graphs DIR  dump the graph after every transform (overrides $LOOM_DUMP_GRAPHS_DIR)
 //	--check            verify the graph after every transform
 //
-// A cobra or pflag command adds them with AddGoFlagSet.
+// A cobra or pflag command adds them with AddGoFlagSet. Enable is no flag: a caller that
+// needs transforms on sets it in code (see ConfigOptions.Enable).
 type Flags struct {
 	Configs    []string
 	Sets       []string
 	DumpGraphs string
 	Check      bool
+	Enable     []*Transform
 }
 
 // Register adds the flags to fs.
@@ -28,10 +30,10 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.Check, "check", false, "verify the graph after every transform")
 }
 
-// Optimizer loads the configuration the flags name, with arch's overlay, and returns an
-// optimizer set up by them.
+// Optimizer loads the configuration the flags name, with arch's overlay and f.Enable, and
+// returns an optimizer set up by them.
 func (f *Flags) Optimizer(arch string) (*Optimizer, error) {
-	cfg, err := LoadConfig(ConfigOptions{Arch: arch, Files: f.Configs, Sets: f.Sets})
+	cfg, err := LoadConfig(ConfigOptions{Arch: arch, Files: f.Configs, Enable: f.Enable, Sets: f.Sets})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,9 @@ next residual add reads (the sum keeps all its other readers). x and residual mu
 shape (no broadcasting, which rules out bias adds). After the last layer the sum feeds only
 the final norm; its add is joined all the same and the second output is left unread.
 Matches counts the pairs joined.`,
+	After: []Dep{
+		{FuseAllReduceResidualRMSNorm, "fuse_allreduce_residual_rmsnorm gets first pick of the residual add and the norm after an all_reduce, which fuse_add_rmsnorm would otherwise take, leaving the all_reduce alone"},
+	},
 	Run: runFuseAddRMSNorm,
 }
 

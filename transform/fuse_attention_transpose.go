@@ -17,6 +17,9 @@ paged_attention{token_major=1} that writes [1,S,H,D] directly: one copy of the a
 output less per layer. The attention output must have no other reader and be no graph
 output. After insert_cached_attention (it needs paged_attention); matches counts the
 transposes removed, one per layer.`,
+	After: []Dep{
+		{InsertCachedAttention, "insert_cached_attention makes the paged_attention ops whose transposes fuse_attention_transpose removes"},
+	},
 	Run: runFuseAttentionTranspose,
 }
 

@@ -21,6 +21,9 @@ first pick: on the Llama family every row-parallel all_reduce feeds a residual a
 next norm, so this one finds work only when that one is disabled or does not match. The fused
 op is a collective itself: no fused region hides communication. Matches counts the pairs
 joined.`,
+	After: []Dep{
+		{FuseAllReduceResidualRMSNorm, "fuse_allreduce_residual_rmsnorm gets first pick of the row-parallel all_reduces; fuse_linear_allreduce takes those it leaves"},
+	},
 	Run: runFuseLinearAllReduce,
 }
 

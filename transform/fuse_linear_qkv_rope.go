@@ -19,6 +19,9 @@ qkv_rope's attributes, so that a backend can lay out and rotate q and k in its G
 epilogue instead of writing the packed projections out and launching a kernel to read them
 back (the CUDA decode GEMV does; other paths run the two steps). Runs after fuse_qkv_rope.
 Matches counts the pairs joined, one per layer.`,
+	After: []Dep{
+		{FuseQKVRoPE, "fuse_qkv_rope makes the qkv_rope that fuse_linear_qkv_rope joins with its linear"},
+	},
 	Run: runFuseLinearQKVRoPE,
 }
 

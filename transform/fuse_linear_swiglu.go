@@ -19,6 +19,9 @@ that a backend can apply the activation in its GEMM's epilogue instead of writin
 projections out and launching a kernel to read them back (the CUDA decode GEMV does; other
 paths run the two steps). Runs after fuse_split_swiglu. Matches counts the pairs joined, one
 per layer.`,
+	After: []Dep{
+		{FuseSplitSwiGLU, "fuse_split_swiglu makes the swiglu_packed that fuse_linear_swiglu joins with its linear"},
+	},
 	Run: runFuseLinearSwiGLU,
 }
 

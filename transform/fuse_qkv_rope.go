@@ -22,6 +22,10 @@ between must have no other reader and be no graph output, and nothing may sit be
 steps (Qwen3's per-head q/k norms between the reshapes and the transposes keep the unfused
 form). Run after fuse_gemms, which makes the split, and after sharding, so that the head
 counts are the rank's own. Matches counts the qkv_rope nodes made, one per layer.`,
+	After: []Dep{
+		{FuseGEMMs, "fuse_gemms makes the split of the fused q/k/v linear that fuse_qkv_rope replaces"},
+		{ShardingExecutor, "sharding_executor gives each rank's graph its own head counts, which qkv_rope takes"},
+	},
 	Run: runFuseQKVRoPE,
 }
 

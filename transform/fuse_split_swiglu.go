@@ -18,6 +18,9 @@ sizes=[I,I]} with gate the first and up the second, by one swiglu_packed(x) that
 packed gate|up projection of a fused linear (fuse_gemms) in place. The halves must have no
 other reader and be no graph output. Matches counts the activations replaced, one per
 layer.`,
+	After: []Dep{
+		{FuseGEMMs, "fuse_gemms makes the split of the fused gate/up linear that fuse_split_swiglu replaces"},
+	},
 	Run: runFuseSplitSwiGLU,
 }
 

@@ -27,6 +27,9 @@ tokens this saves S-N rows of the largest GEMM of the model and S-N rows of logi
 follows the logits output back through casts and all_gathers to the linear that produces
 it; matches is 1 when it found it.`,
 	Config: GatherLogitsConfig{},
+	After: []Dep{
+		{InsertCachedAttention, "insert_cached_attention puts the graph on the flattened tokens of a step, which gather_logits needs (it skips any other graph)"},
+	},
 	Run: Typed(func(ctx context.Context, c *Context, g *graph.Graph, _ GatherLogitsConfig) (Info, error) {
 		return gatherLogits(g)
 	}),

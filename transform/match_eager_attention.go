@@ -22,6 +22,9 @@ computed and left in place (dead code removal takes it once the last layer is re
 When k and v are repeated KV heads (a repeat_kv op, or its reshape/expand/reshape form) sdpa
 reads the KV heads themselves and repeats them inside (grouped-query attention). Matches
 counts the attention blocks replaced.`,
+	After: []Dep{
+		{MatchRepeatKV, "match_repeat_kv must see the KV head repetitions before match_eager_attention folds them into sdpa, which reads the KV heads themselves"},
+	},
 	Run: runMatchEagerAttention,
 }
 

@@ -84,8 +84,8 @@ func TestSummary(t *testing.T) {
 			"[stage=post_export transform=cleanup_cse] [SUMMARY] matches=0 | time: 12.3ms"},
 		{Result{Stage: PostExport, Name: "cleanup_cse", Duration: 40 * time.Microsecond},
 			"[stage=post_export transform=cleanup_cse] [SUMMARY] matches=0 | time: 0.04ms"},
-		{Result{Stage: Compile, Name: "lower", Info: Info{Matches: 1}, Duration: 12 * time.Second},
-			"[stage=compile transform=lower] [SUMMARY] matches=1 | time: 12.0s"},
+		{Result{Stage: CacheInit, Name: "insert_cached_attention", Info: Info{Matches: 1}, Duration: 12 * time.Second},
+			"[stage=cache_init transform=insert_cached_attention] [SUMMARY] matches=1 | time: 12.0s"},
 		{Result{Stage: Sharding, Name: "detect_sharding", Info: Info{Skipped: true, Matches: 3}},
 			"[stage=sharding transform=detect_sharding] [SUMMARY] skipped"},
 		{Result{Stage: PostLoadFusion, Name: "fuse_gemms", Disabled: true},
@@ -171,7 +171,7 @@ func TestOptimizerStages(t *testing.T) {
 		fake("skips", PatternMatcher, rec("skips", Info{Skipped: true})),
 		fake("unclean", PatternMatcher, litter(false)),
 		fake("clean_liar", PatternMatcher, litter(true)),
-		fake("last", Compile, rec("last", Info{Clean: true, ValidShapes: true})),
+		fake("last", CacheInit, rec("last", Info{Clean: true, ValidShapes: true})),
 	)
 	cfg.entries[4].Enabled = false
 	var buf bytes.Buffer
@@ -184,7 +184,7 @@ func TestOptimizerStages(t *testing.T) {
 		t.Errorf("ran %v, want %v", ran, want)
 	}
 	if !strings.Contains(buf.String(), "[stage=pattern_matcher transform=skips] [SUMMARY] skipped\n") ||
-		!strings.Contains(buf.String(), "[stage=compile transform=last] [SUMMARY] disabled\n") {
+		!strings.Contains(buf.String(), "[stage=cache_init transform=last] [SUMMARY] disabled\n") {
 		t.Errorf("log:\n%s", buf.String())
 	}
 	if len(results) != 5 {
@@ -487,6 +487,11 @@ func TestRegisterChecks(t *testing.T) {
 		{"reserved option", &Transform{Name: "x", Stage: PostExport, Doc: "d", Run: run, Config: struct {
 			Enabled bool `yaml:"enabled"`
 		}{}}, "reserved"},
+		{"dep on nothing", &Transform{Name: "x", Stage: PostExport, Doc: "d", Run: run, After: []Dep{{nil, "why"}}}, "After[0] names no transform"},
+		{"dep on itself", &Transform{Name: "cleanup_cse", Stage: PostExport, Doc: "d", Run: run, After: []Dep{{CleanupCSE, "why"}}}, "the transform itself"},
+		{"dep without a reason", &Transform{Name: "x", Stage: PostExport, Doc: "d", Run: run, After: []Dep{{CleanupNoop, ""}}}, "After[0] (cleanup_noop) gives no reason"},
+		{"dep on a later stage", &Transform{Name: "x", Stage: PatternMatcher, Doc: "d", Run: run, After: []Dep{{FuseGEMMs, "why"}}},
+			"x (stage pattern_matcher) cannot run after fuse_gemms of the later stage post_load_fusion"},
 	}
 	for _, tt := range tests {
 		err := tt.t.check()
@@ -525,7 +530,7 @@ func TestStages(t *testing.T) {
 			t.Errorf("ParseStage(%q) = %v, %v", s, back, err)
 		}
 	}
-	want := []string{"post_export", "pattern_matcher", "sharding", "weight_load", "post_load_fusion", "cache_init", "compile"}
+	want := []string{"post_export", "pattern_matcher", "sharding", "post_load_fusion", "cache_init"}
 	if !reflect.DeepEqual(names, want) {
 		t.Errorf("stages %v, want %v", names, want)
 	}
@@ -542,11 +547,24 @@ func TestContext(t *testing.T) {
 	if c.World() != 1 || c.Log() == nil {
 		t.Errorf("zero Context: world %d, logger %v", c.World(), c.Log())
 	}
-	if _, ok := c.Load("plan"); ok {
-		t.Error("Load on an empty context")
+	plan := NewKey[*ShardingPlan]("plan")
+	count := NewKey[int]("plan") // the same name, another key
+	if _, ok := plan.Get(&c); ok {
+		t.Error("Get on an empty context")
 	}
-	c.Store("plan", 42)
-	if v, ok := c.Load("plan"); !ok || v != 42 {
-		t.Errorf("Load = %v, %v", v, ok)
+	p := &ShardingPlan{Size: 2}
+	plan.Set(&c, p)
+	if v, ok := plan.Get(&c); !ok || v != p {
+		t.Errorf("Get = %v, %v", v, ok)
+	}
+	if v, ok := count.Get(&c); ok || v != 0 {
+		t.Errorf("a key of the same name: Get = %v, %v; want nothing", v, ok)
+	}
+	count.Set(&c, 3)
+	if v, _ := plan.Get(&c); v != p {
+		t.Errorf("after setting another key of the same name, Get = %v", v)
+	}
+	if plan.String() != "plan" {
+		t.Errorf("String() = %q", plan.String())
 	}
 }

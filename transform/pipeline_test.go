@@ -100,8 +100,8 @@ func openFixture(t *testing.T, name string) (*model.Model, *graph.Graph) {
 }
 
 // optimize runs the default pipeline, with the model's overlay, up to post_load_fusion and
-// returns the final graph and the match counts. The stages after it (cache_init, compile)
-// change the graph's inputs for a runtime with a KV cache, which these tests do not drive.
+// returns the final graph and the match counts. The stage after it (cache_init)
+// changes the graph's inputs for a runtime with a KV cache, which these tests do not drive.
 func optimize(t *testing.T, m *model.Model, g *graph.Graph) (*graph.Graph, map[string]int) {
 	t.Helper()
 	var sets []string

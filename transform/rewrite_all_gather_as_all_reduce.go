@@ -28,7 +28,10 @@ all_gather's. For backends whose all_reduce is much faster than their all_gather
 position in the group comes from the sharding plan's mesh (or the caller's), else the world
 is taken as the group. Matches counts the all_gathers rewritten.`,
 	Config: RewriteAllGatherAsAllReduceConfig{Strategy: dist.StrategyAuto},
-	Run:    Typed(runRewriteAllGatherAsAllReduce),
+	After: []Dep{
+		{ShardingExecutor, "sharding_executor inserts the all_gathers that rewrite_all_gather_as_all_reduce rewrites"},
+	},
+	Run: Typed(runRewriteAllGatherAsAllReduce),
 }
 
 func init() { Register(RewriteAllGatherAsAllReduce) }

@@ -38,7 +38,10 @@ collectives name the tp axis of the mesh, never the world. Ranks of other mesh a
 get the graph of their tp coordinate. With one rank in the world and a mesh of more (a dry
 run: loom compile with a mesh option), the graph becomes rank 0's. Matches counts rank 0's
 sliced params and inserted collectives.`,
-	Config:   ShardingExecutorConfig{AllReduceStrategy: dist.StrategyAuto},
+	Config: ShardingExecutorConfig{AllReduceStrategy: dist.StrategyAuto},
+	After: []Dep{
+		{DetectSharding, "detect_sharding keeps the plan that sharding_executor applies (without it, sharding_executor detects one with the defaults)"},
+	},
 	RunRanks: runShardingExecutor,
 }
 

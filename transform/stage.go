@@ -10,14 +10,14 @@ import (
 type Stage int
 
 // The stages, in pipeline order. The table in stages below says why each comes where it does.
+// Every stage holds transforms: weights are read, and the graph lowered, by the backend's
+// compile after the pipeline, not by stages of it.
 const (
 	PostExport Stage = iota + 1
 	PatternMatcher
 	Sharding
-	WeightLoad
 	PostLoadFusion
 	CacheInit
-	Compile
 )
 
 // stages is the pass table: one row per stage, in order, with the reason it sits there.
@@ -32,14 +32,10 @@ var stages = []struct {
 		"recognise RMSNorm, rotary embedding, attention, SwiGLU, MoE while the graph is still one plain graph"},
 	{Sharding, "sharding",
 		"split the recognised layers over ranks; one graph becomes one graph per rank"},
-	{WeightLoad, "weight_load",
-		"each rank reads only its own slices, so loading waits until sharding has cut the params"},
 	{PostLoadFusion, "post_load_fusion",
-		"fusions that need weight data or the final collectives (fuse_gemms, fused all-reduce + norm)"},
+		"fusions on each rank's own graph: joined weights, which the backend folds as it loads them, and the final collectives (fuse_gemms, fused all-reduce + norm)"},
 	{CacheInit, "cache_init",
 		"insert the paged KV cache once attention, sharding and fusions are final"},
-	{Compile, "compile",
-		"lower to a backend executable: nothing after this changes the graph"},
 }
 
 // Stages returns every stage in pipeline order.

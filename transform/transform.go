@@ -17,10 +17,15 @@
 //		Stage:  PostExport,
 //		Doc:    "Merges nodes that compute the same thing ...",
 //		Config: CSEConfig{Commutative: true, ExcludeOps: []string{}},
+//		After:  []Dep{{CleanupNoop, "cleanup_noop removes the no-op views that hide duplicates from cleanup_cse"}},
 //		Run:    Typed(runCSE), // func(ctx, *Context, *graph.Graph, CSEConfig) (Info, error)
 //	}
 //
 //	func init() { Register(CleanupCSE) }
+//
+// After declares what must run earlier, and why; loading a configuration checks its order
+// against every declaration (see Dep). Transforms hand results to later ones through typed
+// Context keys (Key), never through names.
 //
 // Golden tests live in testdata/<name>/*.txtar and run through package transformtest; the
 // verifier runs after every transform under go test.
@@ -60,6 +65,25 @@ type Transform struct {
 	// RunRanks sees every rank's graph at once and returns the new list; the sharding
 	// executor uses it to turn one graph into one graph per rank (see Optimizer).
 	RunRanks RanksFunc
+	// After lists the transforms that must run before this one, each with the reason (see
+	// Dep).
+	After []Dep
+}
+
+// Dep is one ordering constraint: the transform that declares it must run after Transform,
+// for the reason Why. It says "if both run, Transform first" and nothing more: it does not
+// turn Transform on, and either may be disabled. The order is a property of the
+// configuration's listing (stages in order, then default.yaml's order within a stage), so
+// LoadConfig checks it whatever is enabled, and a configuration that breaks a dependency is
+// an error naming both transforms and the reason; enabling a transform later with --set
+// never exposes one. A Dep may name a transform of an earlier stage (stage order then keeps
+// it), never one of a later stage (Register refuses it).
+type Dep struct {
+	// Transform must come earlier in the pipeline.
+	Transform *Transform
+	// Why says what the later transform needs from it, as a clause: "fuse_gemms makes the
+	// split that fuse_qkv_rope replaces".
+	Why string
 }
 
 // RunFunc is the signature of Transform.Run. cfg has the dynamic type of Transform.Config
@@ -129,6 +153,18 @@ func (t *Transform) check() error {
 	}
 	if (t.Run == nil) == (t.RunRanks == nil) {
 		return fmt.Errorf("transform %s must set exactly one of Run and RunRanks", t.Name)
+	}
+	for i, d := range t.After {
+		switch {
+		case d.Transform == nil:
+			return fmt.Errorf("transform %s: After[%d] names no transform", t.Name, i)
+		case d.Transform == t || d.Transform.Name == t.Name:
+			return fmt.Errorf("transform %s: After[%d] names the transform itself", t.Name, i)
+		case d.Why == "":
+			return fmt.Errorf("transform %s: After[%d] (%s) gives no reason", t.Name, i, d.Transform.Name)
+		case d.Transform.Stage > t.Stage:
+			return fmt.Errorf("transform %s (stage %s) cannot run after %s of the later stage %s", t.Name, t.Stage, d.Transform.Name, d.Transform.Stage)
+		}
 	}
 	if t.Config == nil {
 		return nil
