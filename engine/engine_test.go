@@ -557,9 +557,9 @@ func TestOptions(t *testing.T) {
 	if _, err := New(context.Background(), plain, Options{Logger: quiet}); err == nil || !strings.Contains(err.Error(), "paged KV cache") {
 		t.Errorf("New on the plain graph: %v", err)
 	}
-	// Defaults: 16 sequences of the whole context (256 tokens, 16 blocks each).
+	// Defaults: 16 sequences of the whole context (1024 tokens, 64 blocks each).
 	e := newEngine(t, "tiny-llama", Options{})
-	if st := e.Stats(); st.KVBlocks != 16*16 || st.BlockSize != 16 {
+	if st := e.Stats(); st.KVBlocks != 16*64 || st.BlockSize != 16 {
 		t.Errorf("default cache: %+v", st)
 	}
 }

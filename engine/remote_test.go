@@ -645,7 +645,7 @@ func TestRemoteEngineCPU(t *testing.T) {
 	for _, p := range ref.Prompts {
 		reqs = append(reqs, Request{Prompt: p.IDs, MaxTokens: 6, IgnoreEOS: true})
 	}
-	opts := Options{MaxTokensPerStep: 16, KVBlocks: 32, Logger: quiet}
+	opts := Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet}
 	local, err := New(context.Background(), m, opts)
 	if err != nil {
 		t.Fatal(err)
