@@ -2,6 +2,7 @@ package cubind
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -11,15 +12,27 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/loom-ml/loom/internal/gputest"
 )
 
-// withGPU skips the test when no GPU is usable, else locks the goroutine to its thread and
-// makes device 0's primary context current for the rest of the test.
+// requireGPU skips the test, or fails it with LOOM_REQUIRE_GPU=1, unless n GPUs can be used
+// (see internal/gputest).
+func requireGPU(t testing.TB, n int) {
+	t.Helper()
+	found, err := 0, Available()
+	if err == nil {
+		found, err = DeviceCount()
+	}
+	gputest.Need(t, n, found, err)
+}
+
+// withGPU skips the test when no GPU is usable (fails it with LOOM_REQUIRE_GPU=1), else
+// locks the goroutine to its thread and makes device 0's primary context current for the
+// rest of the test.
 func withGPU(t *testing.T) Device {
 	t.Helper()
-	if err := Available(); err != nil {
-		t.Skip("no GPU: " + err.Error())
-	}
+	requireGPU(t, 1)
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
 	d, err := GetDevice(0)
@@ -75,9 +88,71 @@ func TestCompareVersions(t *testing.T) {
 	}
 }
 
+// Describe says why CUDA cannot be used, or names the driver, GPU 0 and each library that
+// was opened, every field as the bindings report it (none left at a zero value because its
+// query failed).
 func TestDescribe(t *testing.T) {
-	withGPU(t)
-	t.Log(Describe())
+	got := Describe()
+	if err := Available(); err != nil {
+		if want := "CUDA unavailable: " + err.Error(); got != want {
+			t.Errorf("Describe() = %q, want %q", got, want)
+		}
+		requireGPU(t, 1)
+		return
+	}
+	t.Log(got)
+	dv, err := DriverVersion()
+	if err != nil || dv < 11000 {
+		t.Fatalf("DriverVersion() = %d, %v", dv, err)
+	}
+	d, err := GetDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := d.Name()
+	if err != nil || name == "" {
+		t.Fatalf("Name() = %q, %v", name, err)
+	}
+	ma, mi, err := d.ComputeCapability()
+	if err != nil || ma == 0 {
+		t.Fatalf("ComputeCapability() = %d.%d, %v", ma, mi, err)
+	}
+	nm, nn, err := NVRTCVersion()
+	if err != nil || nm == 0 {
+		t.Fatalf("NVRTCVersion() = %d.%d, %v", nm, nn, err)
+	}
+	nv, err := NVRTCLibrary()
+	if err != nil || nv == "" {
+		t.Fatalf("NVRTCLibrary() = %q, %v", nv, err)
+	}
+	cb, lt, err := CublasLibrary()
+	if err != nil || cb == "" {
+		t.Fatalf("CublasLibrary() = %q, %q, %v", cb, lt, err)
+	}
+	if DriverLibrary() == "" {
+		t.Error("DriverLibrary() is empty")
+	}
+	fields := []string{
+		fmt.Sprintf("driver CUDA %d.%d (%s);", dv/1000, dv%1000/10, DriverLibrary()),
+		fmt.Sprintf("; GPU 0 %s sm_%d%d;", name, ma, mi),
+		fmt.Sprintf("; NVRTC %d.%d (%s);", nm, nn, nv),
+		"; cuBLAS " + cb + ",",
+	}
+	if LtAvailable() == nil {
+		v := CublasLtVersion()
+		if lt == "" || v == 0 {
+			t.Errorf("cuBLASLt is available, but its path is %q and its version %d", lt, v)
+		}
+		fields = append(fields, fmt.Sprintf(", cuBLASLt %s (version %d)", lt, v))
+	}
+	for _, f := range fields {
+		if !strings.Contains(got, f) {
+			t.Errorf("Describe() = %q lacks %q", got, f)
+		}
+	}
+	if !strings.HasPrefix(got, "driver CUDA ") {
+		t.Errorf("Describe() = %q, want it to start with the driver", got)
+	}
 }
 
 func TestDriverMemory(t *testing.T) {
@@ -290,6 +365,32 @@ func TestNVRTCCompileError(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "NVRTC_ERROR_COMPILATION") || !strings.Contains(ce.Log, "undefined_name") {
 		t.Errorf("compile error lacks the status or the log:\n%v", err)
+	}
+}
+
+// CompilePTX gives the PTX of a kernel for a virtual architecture (NVRTC only, no GPU),
+// and the log of a failed compilation.
+func TestCompilePTX(t *testing.T) {
+	_, err := NVRTCLibrary()
+	gputest.Missing(t, "NVRTC", err)
+	ptx, _, err := CompilePTX(`extern "C" __global__ void incr(float* x) { x[threadIdx.x] += 1.0f; }`, "incr.cu",
+		[]string{"--gpu-architecture=compute_80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{".target sm_80", ".entry incr(", "ld.global.f32", "st.global.f32"} {
+		if !strings.Contains(ptx, want) {
+			t.Errorf("PTX lacks %q:\n%s", want, ptx)
+		}
+	}
+	if strings.ContainsRune(ptx, 0) {
+		t.Error("PTX holds a NUL byte")
+	}
+	_, _, err = CompilePTX(`extern "C" __global__ void broken(float* x) { x[0] = undefined_name; }`, "broken.cu",
+		[]string{"--gpu-architecture=compute_80"})
+	var ce *CompileError
+	if !errors.As(err, &ce) || !strings.Contains(ce.Log, "undefined_name") {
+		t.Errorf("got %v, want a *CompileError whose log names undefined_name", err)
 	}
 }
 

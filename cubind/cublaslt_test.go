@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"unsafe"
+
+	"github.com/loom-ml/loom/internal/gputest"
 )
 
 // TestLtStructLayout checks the Go mirrors of cuBLASLt's structs against the C layout of
@@ -78,9 +80,7 @@ func TestLtEnums(t *testing.T) {
 // checks each against the host (needs a GPU).
 func TestLtMatmul(t *testing.T) {
 	withGPU(t)
-	if err := LtAvailable(); err != nil {
-		t.Skip("no cuBLASLt: " + err.Error())
-	}
+	gputest.Missing(t, "cuBLASLt", LtAvailable())
 	lt, err := NewLt()
 	if err != nil {
 		t.Fatal(err)

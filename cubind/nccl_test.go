@@ -9,25 +9,19 @@ import (
 	"sync"
 	"testing"
 	"unsafe"
+
+	"github.com/loom-ml/loom/internal/gputest"
 )
 
 // withNCCL skips the test when no GPU or no NCCL can be used (or fails it when
 // LOOM_REQUIRE_GPU=1), and returns the number of GPUs.
 func withNCCL(t *testing.T) int {
 	t.Helper()
-	err := Available()
-	if err == nil {
-		err = NCCLAvailable()
-	}
-	n := 0
-	if err == nil {
-		n, err = DeviceCount()
-	}
+	requireGPU(t, 1)
+	gputest.Missing(t, "NCCL", NCCLAvailable())
+	n, err := DeviceCount()
 	if err != nil {
-		if os.Getenv("LOOM_REQUIRE_GPU") == "1" {
-			t.Fatalf("LOOM_REQUIRE_GPU=1, but NCCL cannot be used: %v", err)
-		}
-		t.Skip("no GPU with NCCL found: " + err.Error())
+		t.Fatal(err)
 	}
 	return n
 }

@@ -1,6 +1,8 @@
 package cubind
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -16,6 +18,8 @@ var (
 	fnNvrtcCompileProgram   func(prog uintptr, numOptions int32, options unsafe.Pointer) int32
 	fnNvrtcGetCUBINSize     func(prog uintptr, n *uint64) int32
 	fnNvrtcGetCUBIN         func(prog uintptr, cubin *byte) int32
+	fnNvrtcGetPTXSize       func(prog uintptr, n *uint64) int32
+	fnNvrtcGetPTX           func(prog uintptr, ptx *byte) int32
 	fnNvrtcGetProgramLogSz  func(prog uintptr, n *uint64) int32
 	fnNvrtcGetProgramLog    func(prog uintptr, log *byte) int32
 	fnNvrtcGetNumSupArchs   func(n *int32) int32
@@ -41,6 +45,8 @@ func loadNVRTC() error {
 		b.bind(&fnNvrtcCompileProgram, "nvrtcCompileProgram")
 		b.bind(&fnNvrtcGetCUBINSize, "nvrtcGetCUBINSize")
 		b.bind(&fnNvrtcGetCUBIN, "nvrtcGetCUBIN")
+		b.bind(&fnNvrtcGetPTXSize, "nvrtcGetPTXSize")
+		b.bind(&fnNvrtcGetPTX, "nvrtcGetPTX")
 		b.bind(&fnNvrtcGetProgramLogSz, "nvrtcGetProgramLogSize")
 		b.bind(&fnNvrtcGetProgramLog, "nvrtcGetProgramLog")
 		b.optional(&fnNvrtcGetNumSupArchs, "nvrtcGetNumSupportedArchs")
@@ -120,8 +126,32 @@ func (e *CompileError) Unwrap() error { return e.Err }
 // architecture, so that NVRTC emits a cubin rather than PTX only). It returns the cubin and
 // the compiler's log (warnings); a failure is a *CompileError carrying the log.
 func CompileCUBIN(src, name string, options []string) (cubin []byte, log string, err error) {
+	return compile(src, name, options, false)
+}
+
+// CompilePTX compiles CUDA C source as CompileCUBIN does and returns the PTX that NVRTC
+// generated (the options' --gpu-architecture may name a virtual compute_XX, which skips
+// the assembler). It is for looking at the code a kernel compiles to.
+func CompilePTX(src, name string, options []string) (ptx, log string, err error) {
+	b, log, err := compile(src, name, options, true)
+	if err != nil {
+		return "", log, err
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b), log, nil
+}
+
+// compile compiles src and returns the cubin, or the PTX.
+func compile(src, name string, options []string, ptx bool) (out []byte, log string, err error) {
 	if err := loadNVRTC(); err != nil {
 		return nil, "", err
+	}
+	sizeFn, getSize, getFn, get, empty := "nvrtcGetCUBINSize", fnNvrtcGetCUBINSize, "nvrtcGetCUBIN", fnNvrtcGetCUBIN,
+		"nvrtc produced no cubin (is --gpu-architecture a real sm_XX?)"
+	if ptx {
+		sizeFn, getSize, getFn, get, empty = "nvrtcGetPTXSize", fnNvrtcGetPTXSize, "nvrtcGetPTX", fnNvrtcGetPTX, "nvrtc produced no PTX"
 	}
 	var prog uintptr
 	if err := nvrtcErr("nvrtcCreateProgram", fnNvrtcCreateProgram(&prog, cStr(src), cStr(name), 0, nil, nil)); err != nil {
@@ -143,17 +173,17 @@ func CompileCUBIN(src, name string, options []string) (cubin []byte, log string,
 		return nil, log, &CompileError{Program: name, Err: err, Log: log}
 	}
 	var n uint64
-	if err := nvrtcErr("nvrtcGetCUBINSize", fnNvrtcGetCUBINSize(prog, &n)); err != nil {
+	if err := nvrtcErr(sizeFn, getSize(prog, &n)); err != nil {
 		return nil, log, &CompileError{Program: name, Err: err, Log: log}
 	}
 	if n == 0 {
-		return nil, log, &CompileError{Program: name, Err: fmt.Errorf("nvrtc produced no cubin (is --gpu-architecture a real sm_XX?)"), Log: log}
+		return nil, log, &CompileError{Program: name, Err: errors.New(empty), Log: log}
 	}
-	cubin = make([]byte, n)
-	if err := nvrtcErr("nvrtcGetCUBIN", fnNvrtcGetCUBIN(prog, &cubin[0])); err != nil {
+	out = make([]byte, n)
+	if err := nvrtcErr(getFn, get(prog, &out[0])); err != nil {
 		return nil, log, &CompileError{Program: name, Err: err, Log: log}
 	}
-	return cubin, log, nil
+	return out, log, nil
 }
 
 func programLog(prog uintptr) string {

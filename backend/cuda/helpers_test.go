@@ -17,6 +17,7 @@ import (
 	"github.com/loom-ml/loom/backend/cpu"
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/internal/gputest"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -58,8 +59,8 @@ func TestMain(m *testing.M) {
 	} else {
 		testDev, testDevErr = Open(0)
 	}
-	if testDevErr != nil && os.Getenv("LOOM_REQUIRE_GPU") == "1" {
-		fmt.Println("LOOM_REQUIRE_GPU=1, but no GPU can be used:", testDevErr)
+	if testDevErr != nil && gputest.Required() {
+		fmt.Println(gputest.Env+"=1, but no GPU can be used:", testDevErr)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -111,12 +112,21 @@ func printSummary() {
 	}
 }
 
-// gpu returns the test device or skips the test.
+// requireGPU skips the test, or fails it with LOOM_REQUIRE_GPU=1, unless n GPUs can be used
+// (see internal/gputest); GPU 0 must be the open test device.
+func requireGPU(t testing.TB, n int) {
+	t.Helper()
+	found, err := 0, testDevErr
+	if testDev != nil {
+		found, err = cubind.DeviceCount()
+	}
+	gputest.Need(t, n, found, err)
+}
+
+// gpu returns the test device, or skips the test (fails it with LOOM_REQUIRE_GPU=1).
 func gpu(t *testing.T) *Device {
 	t.Helper()
-	if testDev == nil {
-		t.Skip("no GPU found: " + testDevErr.Error())
-	}
+	requireGPU(t, 1)
 	return testDev
 }
 
@@ -392,12 +402,12 @@ func replayTime(d *Device, exe cubind.GraphExec, reps int) (time.Duration, error
 }
 
 // nvrtcArch is the architecture the compile-only tests build for: the GPU's when one is
-// present, else sm_90 when NVRTC knows it, else sm_80. It skips the test without NVRTC.
+// present, else sm_90 when NVRTC knows it, else sm_80. It skips the test without NVRTC
+// (fails it with LOOM_REQUIRE_GPU=1).
 func nvrtcArch(t *testing.T) string {
 	t.Helper()
-	if _, err := cubind.NVRTCLibrary(); err != nil {
-		t.Skip("no NVRTC: " + err.Error())
-	}
+	_, err := cubind.NVRTCLibrary()
+	gputest.Missing(t, "NVRTC", err)
 	if testDev != nil {
 		return testDev.info.Arch
 	}

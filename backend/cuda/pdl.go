@@ -6,7 +6,10 @@ import "os"
 // touches memory another kernel uses, so that they can be launched with programmatic
 // dependent launch (cubind.LaunchKernelPDL): each may start while the kernel before it is
 // finishing, which hides most of a small kernel's launch and ramp-up inside a CUDA graph.
-// TestPDLFilesWait checks the rule for every file listed.
+// Only weights, which no kernel writes, may be read before the wait, with
+// ld.global.nc.L1::no_allocate (gemv_load_w). TestPDLKernelsWait checks the rule on every
+// path through the PTX of every kernel listed (with NVRTC); TestPDLFilesWait, on the
+// sources, that each kernel calls the wait.
 var pdlFiles = map[string]bool{
 	"allreduce.cu":   true,
 	"elementwise.cu": true,

@@ -20,13 +20,13 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/internal/gputest"
 	"github.com/loom-ml/loom/tensor"
 )
 
 // The peer all-reduce tests need two GPUs that reach each other (GPU 0 is the test device,
-// GPU 1 is opened once and kept for the test binary's life). With fewer they skip, unless
-// LOOM_REQUIRE_GPUS is 2 or more: then they fail. LOOM_REQUIRE_GPU=1 with no GPU at all fails
-// in TestMain.
+// GPU 1 is opened once and kept for the test binary's life). With fewer they skip, saying
+// how many were found; with LOOM_REQUIRE_GPU=1 they fail instead (see requireGPU).
 
 var (
 	peerOnce sync.Once
@@ -34,27 +34,14 @@ var (
 	peerErr  error
 )
 
-// peerDevs returns GPUs 0 and 1, or skips the test.
+// peerDevs returns GPUs 0 and 1, or skips the test (fails it with LOOM_REQUIRE_GPU=1).
 func peerDevs(t *testing.T) []*Device {
 	t.Helper()
 	d0 := gpu(t)
-	peerOnce.Do(func() {
-		n, err := cubind.DeviceCount()
-		if err != nil {
-			peerErr = err
-			return
-		}
-		if n < 2 {
-			peerErr = fmt.Errorf("the peer all-reduce tests need 2 GPUs; the driver sees %d", n)
-			return
-		}
-		peerDev1, peerErr = Open(1)
-	})
+	requireGPU(t, 2)
+	peerOnce.Do(func() { peerDev1, peerErr = Open(1) })
 	if peerErr != nil {
-		if n, _ := strconv.Atoi(os.Getenv("LOOM_REQUIRE_GPUS")); n >= 2 {
-			t.Fatalf("LOOM_REQUIRE_GPUS=%d: %v", n, peerErr)
-		}
-		t.Skip(peerErr.Error() + " (set LOOM_REQUIRE_GPUS=2 to fail instead)")
+		t.Fatalf("GPU 1: %v", peerErr)
 	}
 	return []*Device{d0, peerDev1}
 }
@@ -938,9 +925,8 @@ func TestPeerKernelsCompile(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiling takes seconds; skipped with -short")
 	}
-	if _, _, err := cubind.NVRTCVersion(); err != nil {
-		t.Skip("no NVRTC: " + err.Error())
-	}
+	_, _, err := cubind.NVRTCVersion()
+	gputest.Missing(t, "NVRTC", err)
 	c := compiler{arch: "sm_90"}
 	if _, _, err := c.cubin("allreduce.cu", ""); err != nil {
 		t.Fatal(err)

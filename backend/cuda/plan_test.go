@@ -1,17 +1,17 @@
 package cuda
 
 import (
-	"fmt"
-	"math/rand/v2"
-	"strings"
-
 	"context"
 	"encoding/binary"
-	"github.com/loom-ml/loom/cubind"
+	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/internal/gputest"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -172,9 +172,7 @@ func TestKernelsCompile(t *testing.T) {
 		t.Skip("a GPU is present: the kernel tests compile every kernel for it")
 	}
 	ma, mi, err := cubind.NVRTCVersion()
-	if err != nil {
-		t.Skip("no NVRTC: " + err.Error())
-	}
+	gputest.Missing(t, "NVRTC", err)
 	c := compiler{arch: "sm_90", nvrtc: fmt.Sprintf("%d.%d", ma, mi), dir: ""}
 	files := KernelFiles()
 	extras := make([]string, len(files))

@@ -17,12 +17,14 @@ import (
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/internal/gputest"
 	"github.com/loom-ml/loom/tensor"
 )
 
-// The GPU tests need 2 GPUs. They skip, saying so, where there are fewer (or no NCCL);
-// with LOOM_REQUIRE_GPU=1 that is a failure instead. Results are compared bit for bit with
-// values computed on the host: with two ranks a sum is one correctly rounded addition.
+// The GPU tests need 2 GPUs. They skip, saying how many were found, where there are fewer
+// (or no NCCL); with LOOM_REQUIRE_GPU=1 that is a failure instead (see internal/gputest).
+// Results are compared bit for bit with values computed on the host: with two ranks a sum
+// is one correctly rounded addition.
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" { // a rank started by a multi-process test
@@ -35,22 +37,12 @@ func TestMain(m *testing.M) {
 // be used.
 func needGPUs(t testing.TB, n int) {
 	t.Helper()
-	err := cubind.Available()
+	found, err := 0, cubind.Available()
 	if err == nil {
-		err = cubind.NCCLAvailable()
+		found, err = cubind.DeviceCount()
 	}
-	if err == nil {
-		var have int
-		if have, err = cubind.DeviceCount(); err == nil && have < n {
-			err = fmt.Errorf("%d GPU(s) found, the test needs %d", have, n)
-		}
-	}
-	if err != nil {
-		if os.Getenv("LOOM_REQUIRE_GPU") == "1" {
-			t.Fatalf("LOOM_REQUIRE_GPU=1, but no usable GPUs: %v", err)
-		}
-		t.Skip("no GPU found (or too few, or no NCCL): " + err.Error())
-	}
+	gputest.Need(t, n, found, err)
+	gputest.Missing(t, "NCCL", cubind.NCCLAvailable())
 }
 
 // initWorlds makes in-process worlds on GPUs 0..n-1 for mesh, closed at the end of the
