@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/internal/gputest"
 	"github.com/loom-ml/loom/model/synth"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
@@ -83,27 +83,21 @@ func TestLoadCUDAMeshErrors(t *testing.T) {
 	}
 }
 
+// needGPU skips the test unless the machine has a GPU (fails with LOOM_REQUIRE_GPU=1).
 func needGPU(t *testing.T) {
 	t.Helper()
-	if err := cubind.Available(); err != nil {
-		msg, _, _ := strings.Cut(err.Error(), "\n")
-		if os.Getenv("LOOM_REQUIRE_GPU") == "1" {
-			t.Fatal("LOOM_REQUIRE_GPU=1 but no GPU found: " + msg)
-		}
-		t.Skip("no GPU found: " + msg)
-	}
+	needGPUs(t, 1)
 }
 
-// needGPUs skips the test unless the machine has n GPUs (fails with LOOM_REQUIRE_GPU=1).
+// needGPUs skips the test unless the machine has n GPUs (fails with LOOM_REQUIRE_GPU=1,
+// saying how many it found; see internal/gputest).
 func needGPUs(t *testing.T, n int) {
 	t.Helper()
-	needGPU(t)
-	if c, err := cubind.DeviceCount(); err != nil || c < n {
-		if os.Getenv("LOOM_REQUIRE_GPU") == "1" {
-			t.Fatalf("LOOM_REQUIRE_GPU=1 but %d GPUs found (%v), the test needs %d", c, err, n)
-		}
-		t.Skipf("%d GPUs found, the test needs %d", c, n)
+	found, err := 0, cubind.Available()
+	if err == nil {
+		found, err = cubind.DeviceCount()
 	}
+	gputest.Need(t, n, found, err)
 }
 
 // The optimized whole-sequence graph, run by backend/cuda, gives Hugging Face's logits and
