@@ -75,18 +75,21 @@ func TestAbort(t *testing.T) {
 	boom := errors.New("boom: out of memory")
 	for _, before := range []bool{true, false} { // peers already waiting, or arriving after the abort
 		comms := newWorld(t, 4, Options{Timeout: time.Minute})
+		waitArrived := onArrival(t, comms)
+		aborted := make(chan struct{})
 		start := time.Now()
 		errs := run(t, comms, func(c *Comm) error {
 			g := worldGroup(4, c.Rank())
 			if c.Rank() == 1 {
-				if before {
-					time.Sleep(30 * time.Millisecond)
+				if before && !waitArrived(0, 2, 3) {
+					return errors.New("the peers did not arrive")
 				}
 				c.Abort(boom)
+				close(aborted)
 				return nil
 			}
 			if !before {
-				time.Sleep(30 * time.Millisecond)
+				<-aborted
 			}
 			_, err := c.AllGather(ctx, g, input(tensor.BF16, c.Rank(), 3, 2), 1)
 			return err
@@ -129,13 +132,18 @@ func TestAbort(t *testing.T) {
 // and fails its peers, naming it.
 func TestContextCancel(t *testing.T) {
 	comms := newWorld(t, 3, Options{Timeout: time.Minute})
+	waitArrived := onArrival(t, comms)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	rank1Done := make(chan struct{})
 	errs := run(t, comms, func(c *Comm) error {
 		g := worldGroup(3, c.Rank())
 		switch c.Rank() {
 		case 0:
-			go func() { time.Sleep(30 * time.Millisecond); cancel() }()
+			go func() { // cancel while ranks 0 and 1 wait for rank 2
+				waitArrived(0, 1)
+				cancel()
+			}()
 			return c.Barrier(ctx, g)
 		case 1:
 			defer close(rank1Done)

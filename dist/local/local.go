@@ -175,6 +175,10 @@ type world struct {
 	mu     sync.Mutex
 	failed map[int]error     // aborted ranks and why
 	groups map[string]*group // by groupKey
+
+	// arrived, when set (by tests, before any rank runs), is called with a rank's number
+	// each time its call has arrived at a step, before it waits for its peers.
+	arrived func(rank int)
 }
 
 // group is the shared state of one ordered set of ranks.
@@ -413,6 +417,9 @@ func (c *Comm) enter(ctx context.Context, g dist.Group, cl call, stage func(s *s
 	}
 	complete := o.arrived == n
 	gs.mu.Unlock()
+	if c.w.arrived != nil {
+		c.w.arrived(c.rank)
+	}
 
 	if !complete {
 		if err := s.waitArrival(ctx); err != nil {

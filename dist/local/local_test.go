@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -40,6 +41,29 @@ func run(t testing.TB, comms []*Comm, fn func(c *Comm) error) []error {
 		t.Fatal("ranks did not return within a minute")
 	}
 	return errs
+}
+
+// onArrival makes the world of comms report its ranks' calls as they arrive at collectives,
+// before they wait for their peers. It must be called while no rank runs. The function it
+// returns waits until each of ranks has arrived once more than it had been waited for (each
+// arrival is waited for once); after a minute it fails the test and returns false.
+func onArrival(t testing.TB, comms []*Comm) (wait func(ranks ...int) bool) {
+	chs := make([]chan struct{}, len(comms))
+	for i := range chs {
+		chs[i] = make(chan struct{}, 1024)
+	}
+	comms[0].w.arrived = func(rank int) { chs[rank] <- struct{}{} }
+	return func(ranks ...int) bool {
+		for _, r := range ranks {
+			select {
+			case <-chs[r]:
+			case <-time.After(time.Minute):
+				t.Errorf("rank %d did not arrive within a minute", r)
+				return false
+			}
+		}
+		return true
+	}
 }
 
 // noErrors fails the test on any rank's error.
@@ -440,12 +464,14 @@ func TestBroadcastAndBarrier(t *testing.T) {
 			}
 		}
 	}
-	// A barrier holds every rank until the last arrives.
+	// A barrier holds every rank until the last arrives: rank 2 comes once ranks 0 and 1
+	// wait in it.
+	waitArrived := onArrival(t, comms)
 	var mu sync.Mutex
 	arrived := 0
 	noErrors(t, run(t, comms, func(c *Comm) error {
-		if c.Rank() == 2 {
-			time.Sleep(20 * time.Millisecond)
+		if c.Rank() == 2 && !waitArrived(0, 1) {
+			return errors.New("ranks 0 and 1 did not reach the barrier")
 		}
 		mu.Lock()
 		arrived++
