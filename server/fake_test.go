@@ -27,6 +27,10 @@ type fakeEngine struct {
 	shutdown  bool
 	gate      chan struct{} // when set, generation waits for it to close
 	submitErr error         // when set, Submit fails with it
+	// When failErr is set, a request submitted then fails with it (FinishError) after
+	// failAfter tokens, as a step of the real engine that fails mid-stream.
+	failErr   error
+	failAfter int
 	wg        sync.WaitGroup
 }
 
@@ -48,11 +52,11 @@ func (f *fakeEngine) Submit(ctx context.Context, req engine.Request) (Stream, er
 	f.requests = append(f.requests, req)
 	st := &fakeStream{ch: make(chan engine.Event, 1)}
 	f.wg.Add(1)
-	go f.generate(ctx, req, need, st.ch, f.gate)
+	go f.generate(ctx, req, need, st.ch, f.gate, f.failErr, f.failAfter)
 	return st, nil
 }
 
-func (f *fakeEngine) generate(ctx context.Context, req engine.Request, need int, ch chan<- engine.Event, gate chan struct{}) {
+func (f *fakeEngine) generate(ctx context.Context, req engine.Request, need int, ch chan<- engine.Event, gate chan struct{}, failErr error, failAfter int) {
 	defer f.wg.Done()
 	defer func() {
 		f.mu.Lock()
@@ -94,6 +98,8 @@ func (f *fakeEngine) generate(ctx context.Context, req engine.Request, need int,
 			ev.TopLogprobs = []sample.TokenLogprob{{Token: tok, Logprob: -0.5}}
 		}
 		switch {
+		case failErr != nil && i == failAfter:
+			ev = engine.Event{Finish: engine.FinishError, Err: failErr, PromptTokens: len(req.Prompt), GeneratedTokens: i}
 		case stops[tok]:
 			ev.Finish = engine.FinishStop
 		case i+1 == req.MaxTokens:
