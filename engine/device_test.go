@@ -118,21 +118,9 @@ func TestCUDAHuggingFaceParity(t *testing.T) {
 				}
 			}()
 			for _, p := range ref.Prompts {
-				logits, vocab := runAll(t, m.Executable(), p.IDs)
-				last := logits[(len(p.IDs)-1)*vocab:]
-				if d, at := maxAbsDiff(last, p.LastLogits); d > logitTol {
-					t.Errorf("%q: last-position logits differ by %.2e at token %d (tolerance %.0e)", p.Text, d, at, logitTol)
-				}
-				for pos, row := range p.AllLogits {
-					if d, at := maxAbsDiff(logits[pos*vocab:(pos+1)*vocab], row); d > logitTol {
-						t.Errorf("%q: position %d logits differ by %.2e at token %d", p.Text, pos, d, at)
-					}
-				}
-				res, err := GreedyRecompute(context.Background(), m.Executable(), generatePrompt(p.IDs), len(p.GreedyNewIDs))
-				if err != nil {
-					t.Fatal(err)
-				}
-				checkGreedy(t, res.NewIDs, p.GreedyNewIDs, p.GreedyMargins)
+				logits, _ := runAll(t, m.Executable(), p.IDs)
+				checkLogits(t, logits, p)
+				checkGreedy(t, recomputeGen(m.Executable()), p)
 			}
 		})
 	}
@@ -156,7 +144,7 @@ func TestCUDAEngineMatchesCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			eo := Options{MaxTokensPerStep: 16, KVBlocks: 16, Logger: quiet}
+			eo := Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet}
 			ge, err := NewCUDA(context.Background(), m, eo)
 			if err != nil {
 				t.Fatal(err)
@@ -222,7 +210,7 @@ func TestCUDAEngineTP2(t *testing.T) {
 			}
 			defer e.Close()
 			ref := loadReference(t, dir)
-			ref.checkGreedyAll(t, generateAll(t, e, ref.greedyRequests()))
+			checkGreedyAll(t, ref, generateAll(t, e, greedyRequests(ref)), engineGen(t, e))
 		})
 	}
 }
