@@ -21,12 +21,15 @@ lint:
 bench:
 	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench . -benchmem ./...
 
-# GPU tests skip themselves where no GPU is found; this target makes a missing GPU a failure.
+# GPU tests skip themselves where no GPU is found; with LOOM_REQUIRE_GPU=1 (internal/gputest) a
+# missing GPU, or fewer GPUs than a test needs, fails instead. The machine needs 2 GPUs for the
+# peer, NCCL and tp=2 tests; LOOM_LONG_CONTEXT=1 adds the 32,000-token bf16-against-f32 run.
 # On the GPU machine (no Go there): CGO_ENABLED=0 go test -c -o .bin/cuda.test ./backend/cuda,
 # then LOOM_REQUIRE_GPU=1 .bin/cuda.test -test.v (LOOM_CUDA_TIMINGS=1 adds kernel timings).
 gpu-test:
-	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 $(GO) test -v ./cubind/... ./backend/cuda/... ./dist/nccl/...
-	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 $(GO) test -v -run 'CUDA|Device|MultiProc' ./engine/
+	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 $(GO) test -v ./internal/gputest/ ./cubind/... ./backend/cuda/... ./dist/nccl/...
+	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 LOOM_LONG_CONTEXT=1 $(GO) test -v -timeout 30m -run 'CUDA|Device|MultiProc' ./engine/
+	LOOM_REQUIRE_GPU=1 $(GO) test -v -run TestGenerateDevice ./cmd/loom/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./graph/
