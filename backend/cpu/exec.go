@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/backend/memplan"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -236,9 +237,9 @@ func (p *Program) WeightBytes() int {
 	return total
 }
 
-// planFrees records on each step the slots it reads for the last time. Graph outputs and
-// fixed values (params, consts) are never released; a value nobody reads is released right
-// after the step that makes it.
+// planFrees records on each step the slots it reads for the last time (memplan.Lifetimes).
+// Graph outputs and fixed values (params, consts) are never released; a value nobody reads
+// is released right after the step that makes it.
 func (p *Program) planFrees() {
 	keep := make([]bool, len(p.values))
 	for _, s := range p.outputs {
@@ -247,21 +248,15 @@ func (p *Program) planFrees() {
 	for s, t := range p.fixed {
 		keep[s] = keep[s] || t != nil
 	}
-	last := make([]int, len(p.values))
-	for i := range last {
-		last[i] = -1
-	}
+	steps := make([]memplan.Step, len(p.steps))
 	for i, st := range p.steps {
-		for _, s := range st.out {
-			last[s] = i
-		}
-		for _, s := range st.in {
-			last[s] = i
-		}
+		steps[i] = memplan.Step{In: st.in, Out: st.out}
 	}
-	for s, i := range last {
-		if i >= 0 && !keep[s] {
-			p.steps[i].free = append(p.steps[i].free, s)
+	// Inputs and outputs are left out: an input is released after its last reader like any
+	// value, and outputs are kept.
+	for s, live := range memplan.Lifetimes(len(p.values), nil, nil, steps, nil) {
+		if live.Used() && live.Last >= 0 && !keep[s] {
+			p.steps[live.Last].free = append(p.steps[live.Last].free, s)
 		}
 	}
 }

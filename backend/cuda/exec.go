@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
 	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/backend/memplan"
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/graph"
@@ -618,43 +617,22 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 	}
 	// Lifetimes of root slots in step indices: graph inputs are defined before step 0, graph
 	// outputs live past the last step.
-	const before = -1
-	first := make([]int, len(p.values))
-	last := make([]int, len(p.values))
-	for i := range first {
-		first[i], last[i] = math.MaxInt, math.MinInt
-	}
-	touch := func(s, i int) {
-		r := p.root[s]
-		first[r] = min(first[r], i)
-		last[r] = max(last[r], i)
-	}
-	for _, s := range p.inputs {
-		touch(s, before)
-	}
+	steps := make([]memplan.Step, len(p.steps))
 	for i, st := range p.steps {
-		for _, s := range st.in {
-			touch(s, i)
-		}
-		for _, s := range st.out {
-			touch(s, i)
-		}
+		steps[i] = memplan.Step{In: st.in, Out: st.out}
 	}
-	for _, s := range p.outputs {
-		touch(s, len(p.steps))
-	}
-	type buf struct {
-		slot        int // -1 - step for a step's workspace
-		size        int64
-		first, last int
-	}
-	var bufs []buf
+	live := memplan.Lifetimes(len(p.values), p.root, p.inputs, steps, p.outputs)
+	// The buffers: every root slot that is used and not fixed, then each step's workspace
+	// (owner -1 - step), alive during its step only.
+	var bufs []memplan.Buffer
+	var owner []int
 	for s := range p.values {
-		if p.root[s] != s || p.fixed[s] != nil || first[s] == math.MaxInt {
+		if p.root[s] != s || p.fixed[s] != nil || !live[s].Used() {
 			continue
 		}
 		size := int64(tensor.Numel(pl.shapes[s]) * p.values[s].Type.DType.Size())
-		bufs = append(bufs, buf{slot: s, size: (size + align - 1) / align * align, first: first[s], last: last[s]})
+		bufs = append(bufs, memplan.Buffer{Size: size, Live: live[s]})
+		owner = append(owner, s)
 	}
 	pl.work = make([]workspace, len(p.steps))
 	for i, st := range p.steps {
@@ -667,40 +645,19 @@ func (p *Program) plan(env map[string]int) (*memPlan, error) {
 		}
 		if size := st.k.workspace(st.node, shapes); size > 0 {
 			pl.work[i].size = size
-			bufs = append(bufs, buf{slot: -1 - i, size: (size + align - 1) / align * align, first: i, last: i})
+			bufs = append(bufs, memplan.Buffer{Size: size, Live: memplan.Interval{First: i, Last: i}})
+			owner = append(owner, -1-i)
 		}
 	}
-	// Greedy by size: the largest buffers first, each at the lowest offset that overlaps no
-	// placed buffer alive at the same time.
-	sort.SliceStable(bufs, func(i, j int) bool { return bufs[i].size > bufs[j].size })
-	type placed struct {
-		off, end    int64
-		first, last int
-	}
-	var done []placed
-	for _, b := range bufs {
-		var clash []placed
-		for _, q := range done {
-			if q.first <= b.last && b.first <= q.last {
-				clash = append(clash, q)
-			}
-		}
-		sort.Slice(clash, func(i, j int) bool { return clash[i].off < clash[j].off })
-		off := int64(0)
-		for _, q := range clash {
-			if off+b.size <= q.off {
-				break
-			}
-			off = max(off, q.end)
-		}
-		if b.slot < 0 {
-			pl.work[-1-b.slot].off = off
+	offs, size := memplan.Place(bufs, align)
+	for j, s := range owner {
+		if s < 0 {
+			pl.work[-1-s].off = offs[j]
 		} else {
-			pl.offsets[b.slot] = off
+			pl.offsets[s] = offs[j]
 		}
-		pl.size = max(pl.size, off+b.size)
-		done = append(done, placed{off, off + b.size, b.first, b.last})
 	}
+	pl.size = size
 	if len(p.plans) >= maxPlans {
 		for _, old := range p.plans {
 			old.dropGraph()
