@@ -133,7 +133,7 @@ func (p *Peers) track(l *link) bool {
 
 // link is one TCP connection to another rank.
 type link struct {
-	rank int // the remote rank; -1 until its hello arrives (rank 0's side)
+	rank int // the remote rank; -1 until its hello arrives, droppedLink once dropped (rank 0's side)
 	conn net.Conn
 	r    *bufio.Reader
 	wmu  sync.Mutex
@@ -146,6 +146,11 @@ func (l *link) send(typ byte, payload []byte) error {
 	l.conn.SetWriteDeadline(time.Now().Add(sendTimeout))
 	return writeFrame(l.conn, typ, payload)
 }
+
+// droppedLink is the rank of a connection rank 0 dropped during the rendezvous: frames its
+// reader had already queued (a hello after a first frame that was not one) are ignored, where
+// they used to make the closed connection rank 1, and the welcome to it fail the world.
+const droppedLink = -2
 
 type event struct {
 	l       *link
@@ -252,6 +257,9 @@ func (p *Peers) serve(ctx context.Context, env Env, newID func() ([]byte, error)
 		select {
 		case ev := <-p.events:
 			l := ev.l
+			if l.rank == droppedLink {
+				continue // a frame read before the connection was dropped: not a hello to take
+			}
 			if ev.err != nil || ev.typ != msgHello || l.rank >= 0 {
 				// A connection that dropped or spoke out of turn: forget it. A rank that
 				// dropped before the rendezvous completed may connect again.
@@ -259,6 +267,7 @@ func (p *Peers) serve(ctx context.Context, env Env, newID func() ([]byte, error)
 					p.links[l.rank] = nil
 					arrived--
 				}
+				l.rank = droppedLink
 				l.conn.Close()
 				continue
 			}
@@ -266,6 +275,7 @@ func (p *Peers) serve(ctx context.Context, env Env, newID func() ([]byte, error)
 			var bad string
 			switch {
 			case err != nil:
+				l.rank = droppedLink
 				l.conn.Close()
 				continue
 			case size != p.size:
