@@ -1,5 +1,7 @@
-// Package backend holds what every backend shares: the source of weights that executables
-// load parameters from.
+// Package backend is the seam between the engine and the backends that compile and run
+// graphs: the source of weights that executables load parameters from (Weights), the
+// executable and its optional powers (exec.go), and the registry of backends by device name
+// (registry.go), which backend/cpu and backend/cuda fill when they are imported.
 package backend
 
 import (
@@ -11,12 +13,9 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// Weights supplies parameter data. A checkpoint implements it; tests may use a map.
-type Weights interface {
-	// Load reads the tensor (or the slice of it) that ref names. The result has ref.DType and
-	// ref.LocalShape(); anything else is an error that names the tensor.
-	Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error)
-}
+// Weights supplies parameter data: it is graph.Weights (one interface, declared in graph so
+// that transforms, on the floor of backend, read weights through the same one).
+type Weights = graph.Weights
 
 // LoadParam reads a param node's tensor from w and checks it against the node's type: the
 // dtype and the (local, possibly sliced) shape must be exactly what the graph says.

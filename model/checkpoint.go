@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model/safetensors"
 	"github.com/loom-ml/loom/tensor"
@@ -37,7 +36,7 @@ type TensorInfo struct {
 
 // Checkpoint is the weights of a model: one or more safetensors files, memory-mapped and
 // validated when opened, read lazily tensor by tensor (or slice by slice). It implements
-// backend.Weights and is safe for concurrent use.
+// graph.Weights and is safe for concurrent use.
 type Checkpoint struct {
 	dir   string
 	index string // path of the index file; "" when there is none
@@ -48,7 +47,7 @@ type Checkpoint struct {
 	bytesRead atomic.Int64
 }
 
-var _ backend.Weights = (*Checkpoint)(nil)
+var _ graph.Weights = (*Checkpoint)(nil)
 
 // OpenCheckpoint opens the weights in dir: the files that model.safetensors.index.json names
 // (each must exist), else model.safetensors, else every *.safetensors file in dir. Every file

@@ -1,7 +1,7 @@
 // Package model opens Hugging Face checkpoints: the typed configuration of a decoder LLM
 // (config.json), its optional generation defaults (generation_config.json) and its weights
 // (one or many safetensors files, memory-mapped and validated up front). A Checkpoint is the
-// backend.Weights that executables load parameters from, each rank reading only its own
+// graph.Weights that executables load parameters from, each rank reading only its own
 // slices. Architecture frontends register themselves here (registry.go) and build the plain
 // primitive graph of a config.
 package model

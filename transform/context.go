@@ -1,21 +1,11 @@
 package transform
 
 import (
-	"context"
 	"io"
 	"log/slog"
 
 	"github.com/loom-ml/loom/graph"
-	"github.com/loom-ml/loom/tensor"
 )
-
-// Weights supplies parameter data to transforms that need weight values. It has the method
-// set of backend.Weights, so a checkpoint satisfies both; it is declared here because
-// transform and backend sit on the same floor.
-type Weights interface {
-	// Load reads the tensor (or the slice of it) that ref names.
-	Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error)
-}
 
 // Context carries what transforms need beyond the graph. The optimizer sets Rank before each
 // per-rank run; the other fields are set by the caller and read by the transforms. Values
@@ -30,8 +20,8 @@ type Context struct {
 	// Rank is the rank whose graph a per-rank transform is running on. Before the sharding
 	// stage splits the graph there is one graph, run as rank 0.
 	Rank int
-	// Weights supplies parameter data; nil until a checkpoint is open.
-	Weights Weights
+	// Weights supplies parameter data (graph.Weights); nil until a checkpoint is open.
+	Weights graph.Weights
 	// Logger receives the summary lines and the transforms' own messages; nil discards them.
 	Logger *slog.Logger
 
