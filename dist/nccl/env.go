@@ -1,95 +1,23 @@
 package nccl
 
-import (
-	"fmt"
-	"net"
-	"os"
-	"strconv"
-	"strings"
-)
+import "github.com/loom-ml/loom/dist"
 
-// The torchrun-style variables that describe one process of a multi-process world. `loom
-// launch` sets them for each process it starts.
+// The torchrun-style variables that describe one process of a multi-process world (see
+// dist.ProcessEnv, which they fill). `loom launch` sets them for each process it starts.
 const (
-	EnvRank       = "RANK"        // this process's rank, 0 <= RANK < WORLD_SIZE
-	EnvWorldSize  = "WORLD_SIZE"  // the number of processes (ranks)
-	EnvLocalRank  = "LOCAL_RANK"  // this process's index on its host: its GPU ordinal (RANK when unset)
-	EnvMasterAddr = "MASTER_ADDR" // host or IP address where rank 0 listens for the rendezvous
-	EnvMasterPort = "MASTER_PORT" // TCP port of that listener
+	EnvRank       = dist.EnvRank
+	EnvWorldSize  = dist.EnvWorldSize
+	EnvLocalRank  = dist.EnvLocalRank
+	EnvMasterAddr = dist.EnvMasterAddr
+	EnvMasterPort = dist.EnvMasterPort
 )
 
-// Env is one process's place in a multi-process world, as EnvFromOS reads it.
-type Env struct {
-	Rank       int    // RANK
-	WorldSize  int    // WORLD_SIZE
-	LocalRank  int    // LOCAL_RANK: the GPU ordinal this rank uses
-	MasterAddr string // MASTER_ADDR
-	MasterPort int    // MASTER_PORT, 1..65535
-}
-
-// Addr is the rendezvous address, MASTER_ADDR:MASTER_PORT.
-func (e Env) Addr() string { return net.JoinHostPort(e.MasterAddr, strconv.Itoa(e.MasterPort)) }
-
-// String gives the variables as they would be set, e.g.
-// "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500".
-func (e Env) String() string {
-	return fmt.Sprintf("%s=%d %s=%d %s=%d %s=%s %s=%d", EnvRank, e.Rank, EnvWorldSize, e.WorldSize,
-		EnvLocalRank, e.LocalRank, EnvMasterAddr, e.MasterAddr, EnvMasterPort, e.MasterPort)
-}
+// Env is one process's place in a multi-process world: dist.ProcessEnv.
+type Env = dist.ProcessEnv
 
 // EnvFromOS reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the
-// process environment (see ParseEnv).
-func EnvFromOS() (Env, error) { return ParseEnv(os.LookupEnv) }
+// process environment (dist.ProcessEnvFromOS).
+func EnvFromOS() (Env, error) { return dist.ProcessEnvFromOS() }
 
-// ParseEnv reads the world variables through lookup (os.LookupEnv, or a map in tests).
-// RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are required; LOCAL_RANK defaults to RANK.
-// Errors name the variable and say what is wrong with it.
-func ParseEnv(lookup func(string) (string, bool)) (Env, error) {
-	var e Env
-	intVar := func(name string, required bool, def int) (int, error) {
-		s, ok := lookup(name)
-		s = strings.TrimSpace(s)
-		if !ok || s == "" {
-			if required {
-				return 0, fmt.Errorf("nccl: %s is not set (a multi-process run needs %s, %s, %s and %s; `loom launch` sets them)",
-					name, EnvRank, EnvWorldSize, EnvMasterAddr, EnvMasterPort)
-			}
-			return def, nil
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			return 0, fmt.Errorf("nccl: %s=%q is not an integer", name, s)
-		}
-		return n, nil
-	}
-	var err error
-	if e.WorldSize, err = intVar(EnvWorldSize, true, 0); err != nil {
-		return Env{}, err
-	}
-	if e.WorldSize < 1 {
-		return Env{}, fmt.Errorf("nccl: %s=%d, want at least 1", EnvWorldSize, e.WorldSize)
-	}
-	if e.Rank, err = intVar(EnvRank, true, 0); err != nil {
-		return Env{}, err
-	}
-	if e.Rank < 0 || e.Rank >= e.WorldSize {
-		return Env{}, fmt.Errorf("nccl: %s=%d out of range for %s=%d (want 0..%d)", EnvRank, e.Rank, EnvWorldSize, e.WorldSize, e.WorldSize-1)
-	}
-	if e.LocalRank, err = intVar(EnvLocalRank, false, e.Rank); err != nil {
-		return Env{}, err
-	}
-	if e.LocalRank < 0 {
-		return Env{}, fmt.Errorf("nccl: %s=%d is negative", EnvLocalRank, e.LocalRank)
-	}
-	addr, _ := lookup(EnvMasterAddr)
-	if e.MasterAddr = strings.TrimSpace(addr); e.MasterAddr == "" {
-		return Env{}, fmt.Errorf("nccl: %s is not set (the host where rank 0 listens, e.g. 127.0.0.1)", EnvMasterAddr)
-	}
-	if e.MasterPort, err = intVar(EnvMasterPort, true, 0); err != nil {
-		return Env{}, err
-	}
-	if e.MasterPort < 1 || e.MasterPort > 65535 {
-		return Env{}, fmt.Errorf("nccl: %s=%d is not a TCP port (want 1..65535)", EnvMasterPort, e.MasterPort)
-	}
-	return e, nil
-}
+// ParseEnv reads the world variables through lookup (dist.ParseProcessEnv).
+func ParseEnv(lookup func(string) (string, bool)) (Env, error) { return dist.ParseProcessEnv(lookup) }

@@ -56,20 +56,12 @@ const (
 )
 
 // Options configure a multi-process world: its rendezvous, its liveness channel and how
-// long World.Sync waits.
-type Options struct {
-	// Timeout bounds the rendezvous (every rank must have connected to rank 0 within it),
-	// NCCL's initialisation, each wait for a non-blocking NCCL call, and World.Sync. Zero
-	// means DefaultTimeout.
-	Timeout time.Duration
-	// Heartbeat is the interval between liveness messages. Zero means DefaultHeartbeat.
-	Heartbeat time.Duration
-	// PeerTimeout is how long a peer may stay silent before it counts as failed; it must
-	// exceed Heartbeat. Zero means DefaultPeerTimeout.
-	PeerTimeout time.Duration
-}
+// long World.Sync waits (dist.ProcessOptions; zero fields take DefaultTimeout,
+// DefaultHeartbeat and DefaultPeerTimeout).
+type Options = dist.ProcessOptions
 
-func (o Options) withDefaults() Options {
+// withDefaults fills o's zero fields with the defaults.
+func withDefaults(o Options) Options {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
@@ -186,7 +178,7 @@ func parseHello(b []byte) (rank, size int, err error) {
 // the errors of the ranks that did (wrapping dist.ErrTimeout). ctx bounds the rendezvous
 // only, not the liveness channel that outlives it; close that with Peers.Close.
 func Rendezvous(ctx context.Context, env Env, opts Options, newID func() ([]byte, error)) (*Peers, []byte, error) {
-	opts = opts.withDefaults()
+	opts = withDefaults(opts)
 	if env.WorldSize < 1 || env.Rank < 0 || env.Rank >= env.WorldSize {
 		return nil, nil, fmt.Errorf("nccl: rendezvous: rank %d out of range for a world of %d", env.Rank, env.WorldSize)
 	}

@@ -71,7 +71,7 @@ type World struct {
 }
 
 func newWorld(rank int, mesh dist.Mesh, opts Options, peers liveness) *World {
-	return &World{rank: rank, size: mesh.Size(), mesh: mesh, opts: opts.withDefaults(), peers: peers, axes: map[string]*Comm{}}
+	return &World{rank: rank, size: mesh.Size(), mesh: mesh, opts: withDefaults(opts), peers: peers, axes: map[string]*Comm{}}
 }
 
 // setWorld installs the world communicator.
