@@ -125,7 +125,7 @@ func runCollective(d *Device, n *graph.Node, in, out []*Tensor, state any) error
 		}
 		return c.allReduce(d, out[0], x, op)
 	case "linear_all_reduce":
-		if err := d.linear(out[0], x, in[1]); err != nil {
+		if err := linear(d, out[0], x, in[1]); err != nil {
 			return err
 		}
 		return c.allReduce(d, out[0], out[0], dist.Sum)
@@ -138,7 +138,7 @@ func runCollective(d *Device, n *graph.Node, in, out []*Tensor, state any) error
 		if err := c.comm.AllReduce(g, x.ptr, red.ptr, x.Numel(), x.DType, dist.Sum, d.stream); err != nil {
 			return err
 		}
-		return d.addRMSNorm(out[0], out[1], red, in[1], in[2], eps)
+		return addRMSNorm(d, out[0], out[1], red, in[1], in[2], eps)
 	case "all_gather":
 		return c.allGather(d, out[0], x, out[1], n.Attrs.Int("axis"))
 	case "reduce_scatter":
@@ -179,7 +179,7 @@ func (c *collective) allGather(d *Device, out, x, ws *Tensor, axis int) error {
 	dims := []int{G, pre, A, post}
 	src := []int64{int64(pre * A * post), int64(A * post), int64(post), 1}
 	dst := []int64{int64(A * post), int64(G * A * post), int64(post), 1}
-	return d.copyStrided(out, tmp, dims, src, dst, 0, 0)
+	return copyStrided(d, out, tmp, dims, src, dst, 0, 0)
 }
 
 // reduceScatter reduces x over the group and keeps this rank's piece along axis: unless
@@ -202,7 +202,7 @@ func (c *collective) reduceScatter(d *Device, out, x, ws *Tensor, axis int, op d
 		dims := []int{G, pre, piece, post}
 		from := []int64{int64(piece * post), int64(A * post), int64(post), 1}
 		to := []int64{int64(pre * piece * post), int64(piece * post), int64(post), 1}
-		if err := d.copyStrided(src, x, dims, from, to, 0, 0); err != nil {
+		if err := copyStrided(d, src, x, dims, from, to, 0, 0); err != nil {
 			return err
 		}
 	}

@@ -15,9 +15,11 @@ import (
 
 // Device is one GPU ready to run Loom's kernels: its primary context, one stream on which
 // all work is queued in order, a cuBLAS handle, a pooling allocator and the kernels compiled
-// so far. Its methods are safe for concurrent use; they run one at a time.
+// so far. It is the runtime only: the launchers of the kernels are functions of this
+// package that take the Device (RMSNorm(d, ...); see ops.go). Its methods, and the exported
+// launchers, are safe for concurrent use; they run one at a time.
 //
-// Methods that queue work (kernels, copies into device memory) return once it is queued;
+// Calls that queue work (kernels, copies into device memory) return once it is queued;
 // Download and Sync wait for it. Errors of queued work surface at the next Sync or Download.
 type Device struct {
 	mu      sync.Mutex
@@ -266,7 +268,7 @@ func (d *Device) release() error {
 		}
 	}
 	d.modules, d.funcs = nil, nil
-	errs = append(errs, d.releaseGemmTune())
+	errs = append(errs, releaseGemmTune(d))
 	if d.blas != nil {
 		errs = append(errs, d.blas.Destroy())
 	}

@@ -18,133 +18,6 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// opKernel lowers one graph op to device work.
-type opKernel struct {
-	// view marks ops whose output is the input reinterpreted: no kernel, no memory.
-	view bool
-	// prepare, when set, runs once at compile time; its result is passed to run.
-	prepare func(d *Device, n *graph.Node) (any, error)
-	// workspace, when set, gives the bytes of scratch memory a run of n needs, from the
-	// concrete shapes of its inputs. The memory plan reserves it for that step only, and run
-	// receives it as one extra byte tensor (dtype bool) after n's outputs (out[len(n.Outputs)]). Being part
-	// of the plan, it is at a fixed address for a set of shapes, so steps that use it can be
-	// captured in CUDA graphs.
-	workspace func(n *graph.Node, in [][]int) int64
-	// collective marks the collective ops: at compile time they are bound to the program's
-	// rank of its mesh (Options.Comm, Mesh, Rank), and the binding is their state.
-	collective bool
-	run        func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
-}
-
-// opKernels is the table of ops the executor lowers. An op missing here is a compile-time
-// error: there is no silent CPU fallback.
-var opKernels = map[string]*opKernel{
-	"embedding": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.embedding(out[0], in[0], in[1])
-	}},
-	"rmsnorm": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.rmsnorm(out[0], in[0], in[1], float32(n.Attrs.Float("eps")))
-	}},
-	"add_rmsnorm": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.addRMSNorm(out[0], out[1], in[0], in[1], in[2], float32(n.Attrs.Float("eps")))
-	}},
-	"rope": {
-		prepare: uploadInvFreq,
-		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
-			return d.rope(out[0], out[1], in[0], in[1], in[2], state.(*Tensor), float32(n.Attrs.Float("scaling")))
-		},
-	},
-	"sdpa": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.sdpa(out[0], in[0], in[1], in[2], in[3], float32(n.Attrs.Float("scale")), n.Attrs.Int("window"))
-	}},
-	"swiglu": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.swiglu(out[0], in[0], in[1])
-	}},
-	"add": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.binary("add", out[0], in[0], in[1])
-	}},
-	"mul": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.binary("mul", out[0], in[0], in[1])
-	}},
-	"linear": {run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
-		st, _ := state.(*linearState) // the weight widened to f32 at compile time, if it was
-		return d.linear(out[0], in[0], st.weight(in[1]))
-	}},
-	"cast": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.cast(out[0], in[0])
-	}},
-	"reshape": {view: true},
-	"transpose": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.transpose(out[0], in[0], n.Attrs.Ints("perm"))
-	}},
-	"slice": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
-		if err != nil {
-			return err
-		}
-		return d.slice(out[0], in[0], ax, n.Attrs.Int("start"), n.Attrs.Int("end"), n.Attrs.Int("step"))
-	}},
-	"concat": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
-		if err != nil {
-			return err
-		}
-		return d.concat(out[0], ax, in)
-	}},
-	"split": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
-		if err != nil {
-			return err
-		}
-		start := 0
-		for i, o := range out {
-			size := n.Attrs.Ints("sizes")[i]
-			if err := d.slice(o, in[0], ax, start, start+size, 1); err != nil {
-				return err
-			}
-			start += size
-		}
-		return nil
-	}},
-	"expand": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.expand(out[0], in[0])
-	}},
-	"repeat_kv": {run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.repeatKV(out[0], in[0], n.Attrs.Int("n"))
-	}},
-}
-
-// uploadInvFreq puts a rotary node's inv_freq attribute on the device as f32, for the rope
-// kernels.
-func uploadInvFreq(d *Device, n *graph.Node) (any, error) {
-	inv := n.Attrs.Floats("inv_freq")
-	f := make([]float32, len(inv))
-	for i, v := range inv {
-		f[i] = float32(v)
-	}
-	return d.upload(tensor.FromF32(f, len(f)))
-}
-
-// Ops lists the graph ops the CUDA executor runs (besides param and const, which it loads).
-func Ops() []string { return slices.Sorted(maps.Keys(opKernels)) }
-
-// repeatKV copies each KV head of x[B,KV,S,D] n times in place into out[B,KV*n,S,D].
-func (d *Device) repeatKV(out, x *Tensor, n int) error {
-	if err := checkLive(out, x); err != nil {
-		return fmt.Errorf("cuda: repeat_kv: %w", err)
-	}
-	if len(x.Shape) != 4 || n < 1 {
-		return fmt.Errorf("cuda: repeat_kv: want x [B,KV,S,D] and n >= 1, got %v and %d", x.Shape, n)
-	}
-	B, KV, S, D := x.Shape[0], x.Shape[1], x.Shape[2], x.Shape[3]
-	if err := checkOut("output", out, x.DType, []int{B, KV * n, S, D}); err != nil {
-		return fmt.Errorf("cuda: repeat_kv: %w", err)
-	}
-	dims := []int{B, KV, n, S, D}
-	st := rowStrides(x.Shape)
-	return d.copyStrided(out, x, dims, []int64{st[0], st[1], 0, st[2], st[3]}, rowStrides(dims), 0, 0)
-}
-
 // Program is a graph compiled for one GPU: its kernels chosen, its parameters and constants
 // on the device. Run binds the symbolic dimensions from the inputs, lays all intermediate
 // values out in one arena by a static memory plan (made once per set of bindings), runs
@@ -465,7 +338,7 @@ func (p *Program) widenLinearWeights() error {
 			if wt, err = d.allocTensor(tensor.F32, w.Shape); err != nil {
 				return fmt.Errorf("widen %s: %w", nodeText(st.node), err)
 			}
-			if err := d.cast(wt, w); err != nil {
+			if err := cast(d, wt, w); err != nil {
 				return fmt.Errorf("widen %s: %w", nodeText(st.node), err)
 			}
 			wide[st.in[1]] = wt

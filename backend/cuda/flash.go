@@ -69,7 +69,7 @@ func flashApplies(qdt, cdt tensor.DType, H, KV, S, D, BS, M, major, sharedOptin 
 // useFlashPrefill reports whether pagedAttention's prefill of out [1,H,S,D] from in (as
 // pagedAttention takes them, already checked) runs the tensor-core kernel: flashApplies, and
 // q, out and the caches 16-byte aligned.
-func (d *Device) useFlashPrefill(out *Tensor, in []*Tensor) bool {
+func useFlashPrefill(d *Device, out *Tensor, in []*Tensor) bool {
 	q, kc, tables := in[0], in[4], in[8]
 	H, S, D, KV := q.Shape[1], q.Shape[2], q.Shape[3], in[1].Shape[1]
 	if !flashApplies(q.DType, kc.DType, H, KV, S, D, kc.Shape[1], tables.Shape[1], d.info.Major, d.info.SharedOptin) {
@@ -88,7 +88,7 @@ func (d *Device) useFlashPrefill(out *Tensor, in []*Tensor) bool {
 // pagedAttention, the caches already holding this step's keys and values) into out
 // [1,H,S,D], or [1,S,H,D] with tm 1, with the tensor-core kernel. Bad indices are reported through the device's
 // error word as paged_prefill reports them.
-func (d *Device) flashPrefill(out *Tensor, in []*Tensor, scale float32, window int, tm int32) error {
+func flashPrefill(d *Device, out *Tensor, in []*Tensor, scale float32, window int, tm int32) error {
 	q, kc, vc, pos, seqs, tables := in[0], in[4], in[5], in[3], in[7], in[8]
 	H, S, D, KV := q.Shape[1], q.Shape[2], q.Shape[3], in[1].Shape[1]
 	NB, BS, N, M := kc.Shape[0], kc.Shape[1], tables.Shape[0], tables.Shape[1]

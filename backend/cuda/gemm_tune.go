@@ -175,7 +175,7 @@ type gemmTuner struct {
 
 // tuner returns the device's tuning state, creating it (and the cuBLASLt handle) on first
 // use. The device must be locked with its context current.
-func (d *Device) tuner() *gemmTuner {
+func tuner(d *Device) *gemmTuner {
 	if d.gemmTune == nil {
 		t := &gemmTuner{plans: map[gemmKey]*gemmPlan{}}
 		t.lt, t.ltErr = cubind.NewLt()
@@ -191,7 +191,7 @@ func (d *Device) tuner() *gemmTuner {
 }
 
 // releaseGemmTune frees the cuBLASLt handle and descriptors (Device.release).
-func (d *Device) releaseGemmTune() error {
+func releaseGemmTune(d *Device) error {
 	t := d.gemmTune
 	if t == nil {
 		return nil
@@ -224,7 +224,7 @@ func ptrAlign(ps ...cubind.DevicePtr) uint32 {
 // tuned (gemmTuned); f32 x with a bf16 w is rounded to bf16 first and runs as a bf16
 // product with an f32 result; f32 x and w run on cublasGemmEx. The device must be locked
 // with its context current.
-func (d *Device) gemm(out, x, w *Tensor, M, N, K int) error {
+func gemm(d *Device, out, x, w *Tensor, M, N, K int) error {
 	xt := x
 	var at, ct cubind.DataType
 	switch {
@@ -238,7 +238,7 @@ func (d *Device) gemm(out, x, w *Tensor, M, N, K int) error {
 			return fmt.Errorf("cuda: linear: %w", err)
 		}
 		defer d.Free(tmp) // safe: the GEMM that reads it is queued before any reuse
-		if err := d.cast(tmp, x); err != nil {
+		if err := cast(d, tmp, x); err != nil {
 			return fmt.Errorf("cuda: linear: %w", err)
 		}
 		xt, at, ct = tmp, cubind.R16BF, cubind.R32F
@@ -246,15 +246,15 @@ func (d *Device) gemm(out, x, w *Tensor, M, N, K int) error {
 		return fmt.Errorf("cuda: linear: x %s with weight %s is not supported", x.DType, w.DType)
 	}
 	if at == cubind.R16BF {
-		return d.gemmTuned(out, xt, w, M, N, K, ct)
+		return gemmTuned(d, out, xt, w, M, N, K, ct)
 	}
-	return d.gemmEx(out, xt, w, M, N, K, at, ct)
+	return gemmEx(d, out, xt, w, M, N, K, at, ct)
 }
 
 // gemmEx runs the product on cublasGemmEx with cuBLAS's default algorithm. Row-major
 // out[M,N] = x[M,K]·wᵀ is column-major outᵀ[N,M] = op(A)·B with A the column-major K×N view
 // of w (transposed) and B the column-major K×M view of x.
-func (d *Device) gemmEx(out, x, w *Tensor, M, N, K int, at, ct cubind.DataType) error {
+func gemmEx(d *Device, out, x, w *Tensor, M, N, K int, at, ct cubind.DataType) error {
 	err := d.blas.GemmEx(cubind.OpT, cubind.OpN, N, M, K, 1,
 		cubind.Matrix{Ptr: w.ptr, Type: at, LD: K}, cubind.Matrix{Ptr: x.ptr, Type: at, LD: K},
 		0, cubind.Matrix{Ptr: out.ptr, Type: ct, LD: N}, cubind.Compute32F)
@@ -263,29 +263,29 @@ func (d *Device) gemmEx(out, x, w *Tensor, M, N, K int, at, ct cubind.DataType) 
 
 // gemmTuned runs the bf16 product out = x·wᵀ (out of type ct) the way tuned fastest for its
 // shape, tuning the shape first when it is new and the device is not capturing.
-func (d *Device) gemmTuned(out, x, w *Tensor, M, N, K int, ct cubind.DataType) error {
+func gemmTuned(d *Device, out, x, w *Tensor, M, N, K int, ct cubind.DataType) error {
 	if gemmTuneOff || M > gemmTuneMaxM {
-		return d.gemmEx(out, x, w, M, N, K, cubind.R16BF, ct)
+		return gemmEx(d, out, x, w, M, N, K, cubind.R16BF, ct)
 	}
 	key := gemmKey{M: M, N: N, K: K, a: cubind.R16BF, c: ct, align: ptrAlign(out.ptr, x.ptr, w.ptr),
 		gemv: !gemvOff && ct == cubind.R16BF && M <= gemvMaxM}
-	t := d.tuner()
+	t := tuner(d)
 	p, ok := t.plans[key]
 	if !ok {
 		if d.capturing || len(t.plans) >= gemmTuneMaxShapes || t.spent >= gemmTuneBudget {
-			return d.gemmEx(out, x, w, M, N, K, cubind.R16BF, ct)
+			return gemmEx(d, out, x, w, M, N, K, cubind.R16BF, ct)
 		}
 		var err error
-		if p, err = d.tuneGemm(key, out, x, w); err != nil {
+		if p, err = tuneGemm(d, key, out, x, w); err != nil {
 			return err
 		}
 		t.plans[key] = p
 	}
-	return d.runGemm(&p.gemmCandidate, p.prob, key, out, x, w)
+	return runGemm(d, &p.gemmCandidate, p.prob, key, out, x, w)
 }
 
 // runGemm queues candidate c of shape key (prob: its cuBLASLt descriptors).
-func (d *Device) runGemm(c *gemmCandidate, prob *gemmProblem, key gemmKey, out, x, w *Tensor) error {
+func runGemm(d *Device, c *gemmCandidate, prob *gemmProblem, key gemmKey, out, x, w *Tensor) error {
 	switch c.kind {
 	case gemmKindLt:
 		err := d.gemmTune.lt.Matmul(prob.desc, 1, w.ptr, prob.a, x.ptr, prob.b, 0, out.ptr, prob.c, out.ptr, prob.c,
@@ -298,17 +298,17 @@ func (d *Device) runGemm(c *gemmCandidate, prob *gemmProblem, key gemmKey, out, 
 		// The key's alignment is the smallest of three pointers: check that this x and w
 		// suit the kernel too.
 		if p, ok := gemvFits(x, w); ok && p.M == c.gemv.M && p.N == c.gemv.N && p.K == c.gemv.K {
-			return d.launchGemv(out, x, w, c.gemv)
+			return launchGemv(d, out, x, w, c.gemv)
 		}
 	}
-	return d.gemmEx(out, x, w, key.M, key.N, key.K, key.a, key.c)
+	return gemmEx(d, out, x, w, key.M, key.N, key.K, key.a, key.c)
 }
 
 // tuneGemm measures the candidates for shape key on the operands out, x and w and returns
 // the plan. out is overwritten; the caller runs the chosen candidate afterwards. Failures
 // of cuBLASLt's setup or of single candidates only drop candidates; an error is returned
 // for a failure of the device (queued work that failed).
-func (d *Device) tuneGemm(key gemmKey, out, x, w *Tensor) (*gemmPlan, error) {
+func tuneGemm(d *Device, key gemmKey, out, x, w *Tensor) (*gemmPlan, error) {
 	start := time.Now()
 	t := d.gemmTune
 	plan := &gemmPlan{}
@@ -322,7 +322,7 @@ func (d *Device) tuneGemm(key gemmKey, out, x, w *Tensor) (*gemmPlan, error) {
 			cands = append(cands, gemmCandidate{kind: gemmKindGemv, name: fmt.Sprintf("gemv%v", p.cfg), gemv: p})
 		}
 	}
-	prob, algos, err := d.gemmLtAlgos(key)
+	prob, algos, err := gemmLtAlgos(d, key)
 	if err != nil {
 		plan.ltErr = err.Error()
 		slog.Debug("cuda: cuBLASLt offers no algorithm", "shape", key.String(), "err", err)
@@ -335,7 +335,7 @@ func (d *Device) tuneGemm(key gemmKey, out, x, w *Tensor) (*gemmPlan, error) {
 		cands[i].us = math.Inf(1)
 	}
 	if len(cands) > 1 {
-		if err := d.timeGemms(key, prob, cands, out, x, w); err != nil {
+		if err := timeGemms(d, key, prob, cands, out, x, w); err != nil {
 			prob.destroy()
 			return nil, err
 		}
@@ -369,7 +369,7 @@ func (d *Device) tuneGemm(key gemmKey, out, x, w *Tensor) (*gemmPlan, error) {
 // gemmLtAlgos describes shape key to cuBLASLt and returns the descriptors with the
 // algorithms its heuristic proposes (within the device's cuBLAS workspace and the key's
 // alignment). Without cuBLASLt, or without an algorithm, both are nil.
-func (d *Device) gemmLtAlgos(key gemmKey) (*gemmProblem, []cubind.MatmulHeuristicResult, error) {
+func gemmLtAlgos(d *Device, key gemmKey) (*gemmProblem, []cubind.MatmulHeuristicResult, error) {
 	t := d.gemmTune
 	if t.ltErr != nil {
 		return nil, nil, t.ltErr
@@ -438,7 +438,7 @@ const gemmFlushK = 4096
 // newGemmFlush allocates a flush buffer of about 2×L2, or returns nil (the timings then
 // run with whatever L2 holds) when the weights alone are far larger than L2 or the memory
 // is short.
-func (d *Device) newGemmFlush(weightBytes int) *gemmFlush {
+func newGemmFlush(d *Device, weightBytes int) *gemmFlush {
 	l2 := d.gemmTune.l2
 	if l2 <= 0 || weightBytes >= 4*l2 {
 		return nil
@@ -477,14 +477,14 @@ func (f *gemmFlush) free() error {
 
 // timeGemms checks every candidate's result against cublasGemmEx's (cands[0]) and times
 // the ones that agree, setting their us; see the comment at the top of the file.
-func (d *Device) timeGemms(key gemmKey, prob *gemmProblem, cands []gemmCandidate, out, x, w *Tensor) (err error) {
+func timeGemms(d *Device, key gemmKey, prob *gemmProblem, cands []gemmCandidate, out, x, w *Tensor) (err error) {
 	fail := func(what string, err error) error {
 		return fmt.Errorf("cuda: linear: tuning %s: %s: %w", key, what, err)
 	}
 	if err := d.stream.Synchronize(); err != nil {
 		return fail("earlier work", err)
 	}
-	flush := d.newGemmFlush(2 * key.N * key.K)
+	flush := newGemmFlush(d, 2*key.N*key.K)
 	defer func() {
 		if e := d.stream.Synchronize(); e != nil && err == nil {
 			err = fail("sync", e)
@@ -495,10 +495,10 @@ func (d *Device) timeGemms(key gemmKey, prob *gemmProblem, cands []gemmCandidate
 	}()
 	// The reference: cublasGemmEx's result, a sample of it on the host.
 	n := key.M * key.N
-	if err := d.runGemm(&cands[0], prob, key, out, x, w); err != nil {
+	if err := runGemm(d, &cands[0], prob, key, out, x, w); err != nil {
 		return err
 	}
-	ref, err := d.gemmSample(out, key.c, n)
+	ref, err := gemmSample(d, out, key.c, n)
 	if err != nil {
 		return fail("read the reference", err)
 	}
@@ -510,11 +510,11 @@ func (d *Device) timeGemms(key gemmKey, prob *gemmProblem, cands []gemmCandidate
 		if err := d.memset8(out.ptr, 0xff, uint64(out.Bytes())); err != nil {
 			return fail("memset", err)
 		}
-		if err := d.runGemm(c, prob, key, out, x, w); err != nil {
+		if err := runGemm(d, c, prob, key, out, x, w); err != nil {
 			c.note = err.Error()
 			continue
 		}
-		got, err := d.gemmSample(out, key.c, n)
+		got, err := gemmSample(d, out, key.c, n)
 		if err != nil {
 			return fail(c.name, err)
 		}
@@ -553,7 +553,7 @@ func (d *Device) timeGemms(key gemmKey, prob *gemmProblem, cands []gemmCandidate
 			if err := events[2*i].Record(d.stream); err != nil {
 				return fail("event", err)
 			}
-			if err := d.runGemm(&cands[i], prob, key, out, x, w); err != nil {
+			if err := runGemm(d, &cands[i], prob, key, out, x, w); err != nil {
 				return err
 			}
 			if err := events[2*i+1].Record(d.stream); err != nil {
@@ -602,7 +602,7 @@ func (d *Device) timeGemms(key gemmKey, prob *gemmProblem, cands []gemmCandidate
 // gemmSample downloads a sample of a product's n-element result of type ct as f32: all of
 // it up to gemmTuneCheckElems elements, else that many from the start and 1/16 of that
 // from the end.
-func (d *Device) gemmSample(out *Tensor, ct cubind.DataType, n int) ([]float32, error) {
+func gemmSample(d *Device, out *Tensor, ct cubind.DataType, n int) ([]float32, error) {
 	size := 2
 	if ct == cubind.R32F {
 		size = 4

@@ -93,14 +93,14 @@ func TestGemmTuneTimings(t *testing.T) {
 		for _, M := range []int{64, 16, 256} {
 			x := up(t, d, randTensor(rng, tensor.BF16, []int{M, s.K}, -1, 1))[0]
 			out := like(t, d, tensor.New(tensor.BF16, M, s.N))[0]
-			call := func(i int) error { return d.linear(out, x, ws[i%copies]) }
+			call := func(i int) error { return linear(d, out, x, ws[i%copies]) }
 			gemmTuneOff = true
 			def, err := graphUs(n, call)
 			gemmTuneOff = false
 			if err != nil {
 				t.Fatalf("%s M=%d cublasGemmEx: %v", s.name, M, err)
 			}
-			if err := d.Linear(out, x, ws[0]); err != nil { // tunes the shape
+			if err := Linear(d, out, x, ws[0]); err != nil { // tunes the shape
 				t.Fatalf("%s M=%d: %v", s.name, M, err)
 			}
 			tuned, err := graphUs(n, call)
@@ -179,12 +179,12 @@ func TestGemmTuneLinear(t *testing.T) {
 				tl := gemvTol(want, mag, cublasAccum)
 				outs := like(t, d, want, want)
 				gemmTuneOff = true
-				err := d.Linear(outs[0], x, w)
+				err := Linear(d, outs[0], x, w)
 				gemmTuneOff = false
 				if err != nil {
 					t.Fatalf("%s: cublasGemmEx: %v", c, err)
 				}
-				if err := d.Linear(outs[1], x, w); err != nil {
+				if err := Linear(d, outs[1], x, w); err != nil {
 					t.Fatalf("%s: tuned: %v", c, err)
 				}
 				def, got := down(t, d, outs[0]), down(t, d, outs[1])
@@ -235,8 +235,8 @@ func checkCandidates(t *testing.T, d *Device, c gemvCase, xh *tensor.Tensor, w *
 	var cands []gemmCandidate
 	var prob *gemmProblem
 	if err := d.do(func() error {
-		d.tuner()
-		p, algos, err := d.gemmLtAlgos(key)
+		tuner(d)
+		p, algos, err := gemmLtAlgos(d, key)
 		if err != nil {
 			gemmNoLt = append(gemmNoLt, c.String())
 		}
@@ -260,7 +260,7 @@ func checkCandidates(t *testing.T, d *Device, c gemvCase, xh *tensor.Tensor, w *
 			if err := cubind.MemsetD8Async(out.ptr, 0xff, uint64(out.Bytes()), d.stream); err != nil {
 				return err
 			}
-			return d.runGemm(cand, prob, key, out, xb, w)
+			return runGemm(d, cand, prob, key, out, xb, w)
 		})
 		if err != nil {
 			t.Errorf("%s %s: %v", c, cand.name, err)
@@ -320,7 +320,7 @@ func TestGemmTuneGraph(t *testing.T) {
 		}
 		outs := like(t, d, tensor.New(dt, M, N), tensor.New(dt, M, N))
 		run := func(out *Tensor) func() error {
-			return func() error { return d.gemmTuned(out, x, w, M, N, K, ct) }
+			return func() error { return gemmTuned(d, out, x, w, M, N, K, ct) }
 		}
 		if err := d.do(run(outs[0])); err != nil {
 			t.Fatal(err)
@@ -342,18 +342,18 @@ func TestGemmTuneGraph(t *testing.T) {
 	xh2 := randTensor(rng, tensor.BF16, []int{M2, K}, -1, 1)
 	x2 := up(t, d, xh2)[0]
 	outs := like(t, d, tensor.New(tensor.BF16, M2, N), tensor.New(tensor.BF16, M2, N), tensor.New(tensor.BF16, M2, N))
-	captureLinear(t, d, func() error { return d.linear(outs[0], x2, w) })
+	captureLinear(t, d, func() error { return linear(d, outs[0], x2, w) })
 	if p := findPlan(d, M2, N, K, cubind.R16BF); p != nil {
 		t.Fatalf("a shape met while capturing was tuned: %+v", p)
 	}
 	gemmTuneOff = true
-	err := d.Linear(outs[1], x2, w)
+	err := Linear(d, outs[1], x2, w)
 	gemmTuneOff = false
 	if err != nil {
 		t.Fatal(err)
 	}
 	compare(t, "gemm-graph", "untuned while capturing", down(t, d, outs[0]), down(t, d, outs[1]), exact)
-	if err := d.Linear(outs[2], x2, w); err != nil {
+	if err := Linear(d, outs[2], x2, w); err != nil {
 		t.Fatal(err)
 	}
 	if findPlan(d, M2, N, K, cubind.R16BF) == nil {

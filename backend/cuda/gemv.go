@@ -144,16 +144,16 @@ func planGemv(x, w *Tensor) (gemvPlan, bool) {
 // gemv runs linear's out[...,N] = x[...,K] · w[N,K]ᵀ on the gemv kernel when planGemv takes
 // it and reports whether it did; when it did not, linear goes on to cuBLAS. The shapes must
 // have been checked by linear. The device must be locked with its context current.
-func (d *Device) gemv(out, x, w *Tensor) (bool, error) {
+func gemv(d *Device, out, x, w *Tensor) (bool, error) {
 	p, ok := planGemv(x, w)
 	if !ok {
 		return false, nil
 	}
-	return true, d.launchGemv(out, x, w, p)
+	return true, launchGemv(d, out, x, w, p)
 }
 
 // launchGemv queues the gemv kernel of plan p. The launch depends only on the shapes.
-func (d *Device) launchGemv(out, x, w *Tensor, p gemvPlan) error {
+func launchGemv(d *Device, out, x, w *Tensor, p gemvPlan) error {
 	c := p.cfg
 	if c.rows < 1 || c.unroll < 1 || c.warps < 1 || c.warps > gemvMaxWarps {
 		return fmt.Errorf("cuda: linear (gemv): bad tiling %+v", c)

@@ -146,7 +146,7 @@ func gemvRun(t *testing.T, d *Device, out, x, w *Tensor, tl gemvConfig) gemvConf
 	if tl != (gemvConfig{}) {
 		p.cfg = tl
 	}
-	if err := d.do(func() error { return d.launchGemv(out, x, w, p) }); err != nil {
+	if err := d.do(func() error { return launchGemv(d, out, x, w, p) }); err != nil {
 		t.Fatal(err)
 	}
 	return p.cfg
@@ -184,7 +184,7 @@ func TestGemv(t *testing.T) {
 			t.Fatalf("%s: gemv fits: %v", c, fits)
 		}
 		if c.K%8 != 0 {
-			if err := d.Linear(out, x, w); err != nil {
+			if err := Linear(d, out, x, w); err != nil {
 				t.Fatalf("%s: %v", c, err)
 			}
 			compare(t, "gemv-fallback", c.String(), down(t, d, out), want, gemvTol(want, mag, cublasAccum))
@@ -212,7 +212,7 @@ func TestGemvCublas(t *testing.T) {
 		outs := like(t, d, tensor.New(c.xdt, c.M, c.N), tensor.New(c.xdt, c.M, c.N), tensor.New(c.xdt, c.M, c.N))
 		gemvRun(t, d, outs[0], x, w, gemvConfig{})
 		gemvOff = true
-		err := d.Linear(outs[1], x, w)
+		err := Linear(d, outs[1], x, w)
 		gemvOff = false
 		if err != nil {
 			t.Fatalf("%s: cuBLAS: %v", c, err)
@@ -224,7 +224,7 @@ func TestGemvCublas(t *testing.T) {
 		}
 		compare(t, "gemv-cublas", c.String(), got, want, gemvTol(want, mag, accum))
 		if _, taken := planGemv(x, w); taken {
-			if err := d.Linear(outs[2], x, w); err != nil {
+			if err := Linear(d, outs[2], x, w); err != nil {
 				t.Fatal(err)
 			}
 			compare(t, "gemv-linear", c.String(), down(t, d, outs[2]), got, exact)
@@ -328,7 +328,7 @@ func TestGemvTimings(t *testing.T) {
 						g, float64(wbytes)/g/1e6, e, float64(wbytes)/e/1e6)
 				}
 				gemvOff = true
-				cg, ce, err := timeCalls(n, func(i int) error { return d.linear(out, x, ws[i%copies]) })
+				cg, ce, err := timeCalls(n, func(i int) error { return linear(d, out, x, ws[i%copies]) })
 				gemvOff = false
 				if err != nil {
 					t.Fatalf("%s M=%d cuBLAS: %v", s.name, M, err)
@@ -350,7 +350,7 @@ func TestGemvTimings(t *testing.T) {
 					if i == 0 && taken {
 						what += " *"
 					}
-					g, e, err := timeCalls(n, func(i int) error { return d.launchGemv(out, x, ws[i%copies], p) })
+					g, e, err := timeCalls(n, func(i int) error { return launchGemv(d, out, x, ws[i%copies], p) })
 					if err != nil {
 						t.Fatalf("%s M=%d %s: %v", s.name, M, what, err)
 					}

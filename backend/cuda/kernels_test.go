@@ -35,7 +35,7 @@ func TestEmbedding(t *testing.T) {
 		want := cpuOp(t, "embedding", nil, tab, ids)[0].Cast(tc.out)
 		in := up(t, d, tab, ids)
 		out := like(t, d, want)
-		if err := d.Embedding(out[0], in[0], in[1]); err != nil {
+		if err := Embedding(d, out[0], in[0], in[1]); err != nil {
 			t.Fatal(err)
 		}
 		compare(t, "embedding", name, down(t, d, out[0]), want, exact)
@@ -45,7 +45,7 @@ func TestEmbedding(t *testing.T) {
 	ids := tensor.FromI32([]int32{1, 4, 2}, 3)
 	in := up(t, d, tab, ids)
 	out := like(t, d, tensor.New(tensor.BF16, 3, 8))
-	if err := d.Embedding(out[0], in[0], in[1]); err != nil {
+	if err := Embedding(d, out[0], in[0], in[1]); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Sync(); err == nil || !strings.Contains(err.Error(), "id 4 (at position 1) is out of range") {
@@ -55,7 +55,7 @@ func TestEmbedding(t *testing.T) {
 		t.Errorf("second Sync: %v", err)
 	}
 	// Shape errors are errors.
-	if err := d.Embedding(out[0], in[0], in[0]); err == nil {
+	if err := Embedding(d, out[0], in[0], in[0]); err == nil {
 		t.Error("embedding with bf16 ids succeeded")
 	}
 }
@@ -71,7 +71,7 @@ func TestRMSNorm(t *testing.T) {
 			want := cpuOp(t, "rmsnorm", attrs, x, w)[0]
 			in := up(t, d, x, w)
 			out := like(t, d, want)
-			if err := d.RMSNorm(out[0], in[0], in[1], 1e-5); err != nil {
+			if err := RMSNorm(d, out[0], in[0], in[1], 1e-5); err != nil {
 				t.Fatal(err)
 			}
 			compare(t, "rmsnorm", fmt.Sprintf("x %s%v w %s", dt[0], shape, dt[1]), down(t, d, out[0]), want, tolFor(want.DType))
@@ -93,7 +93,7 @@ func TestAddRMSNorm(t *testing.T) {
 			want := cpuOp(t, "add_rmsnorm", graph.Attrs{"eps": 1e-6}, x, r, w)
 			in := up(t, d, x, r, w)
 			out := like(t, d, want...)
-			if err := d.AddRMSNorm(out[0], out[1], in[0], in[1], in[2], 1e-6); err != nil {
+			if err := AddRMSNorm(d, out[0], out[1], in[0], in[1], in[2], 1e-6); err != nil {
 				t.Fatal(err)
 			}
 			name := fmt.Sprintf("x %s%v r %s w %s", dt[0], shape, dt[1], dt[2])
@@ -136,7 +136,7 @@ func TestRope(t *testing.T) {
 			}
 			in := up(t, d, q, k, pos, tensor.FromF32(f, len(f)))
 			out := like(t, d, want...)
-			if err := d.Rope(out[0], out[1], in[0], in[1], in[2], in[3], float32(tc.scaling)); err != nil {
+			if err := Rope(d, out[0], out[1], in[0], in[1], in[2], in[3], float32(tc.scaling)); err != nil {
 				t.Fatal(err)
 			}
 			name := fmt.Sprintf("%s B%d H%d KV%d S%d D%d scaling %g pos %s", dt, tc.B, tc.H, tc.KV, tc.S, tc.D, tc.scaling, tc.pos)
@@ -160,7 +160,7 @@ func TestSwiGLU(t *testing.T) {
 			want := cpuOp(t, "swiglu", nil, g, u)[0]
 			in := up(t, d, g, u)
 			out := like(t, d, want)
-			if err := d.SwiGLU(out[0], in[0], in[1]); err != nil {
+			if err := SwiGLU(d, out[0], in[0], in[1]); err != nil {
 				t.Fatal(err)
 			}
 			compare(t, "swiglu", fmt.Sprintf("gate %s%v up %s", dt[0], shape, dt[1]), down(t, d, out[0]), want, tolFor(want.DType))
@@ -181,11 +181,11 @@ func TestAddMul(t *testing.T) {
 				want := cpuOp(t, op, nil, a, b)[0]
 				in := up(t, d, a, b)
 				out := like(t, d, want)
-				f := d.Add
+				f := Add
 				if op == "mul" {
-					f = d.Mul
+					f = Mul
 				}
-				if err := f(out[0], in[0], in[1]); err != nil {
+				if err := f(d, out[0], in[0], in[1]); err != nil {
 					t.Fatal(err)
 				}
 				compare(t, op, fmt.Sprintf("%s%v %s%v", dt[0], sh[0], dt[1], sh[1]), down(t, d, out[0]), want, exact)
@@ -210,22 +210,22 @@ func TestCopies(t *testing.T) {
 			compare(t, op, fmt.Sprintf("%s%v %v", dt, x.Shape, attrs), down(t, d, out[0]), want, exact)
 		}
 		for _, perm := range [][]int{{0, 2, 1, 3}, {3, 1, 0, 2}, {0, 1, 3, 2}} {
-			run("transpose", graph.Attrs{"perm": perm}, func(out, x *Tensor) error { return d.Transpose(out, x, perm) })
+			run("transpose", graph.Attrs{"perm": perm}, func(out, x *Tensor) error { return Transpose(d, out, x, perm) })
 		}
-		run("slice", graph.Attrs{"axis": -1, "start": 1, "end": 5, "step": 2}, func(out, x *Tensor) error { return d.Slice(out, x, 3, 1, 5, 2) })
-		run("slice", graph.Attrs{"axis": 1, "start": 1, "end": 3}, func(out, x *Tensor) error { return d.Slice(out, x, 1, 1, 3, 1) })
+		run("slice", graph.Attrs{"axis": -1, "start": 1, "end": 5, "step": 2}, func(out, x *Tensor) error { return Slice(d, out, x, 3, 1, 5, 2) })
+		run("slice", graph.Attrs{"axis": 1, "start": 1, "end": 3}, func(out, x *Tensor) error { return Slice(d, out, x, 1, 1, 3, 1) })
 		if dt != tensor.I32 {
 			other := tensor.F32
 			if dt == tensor.F32 {
 				other = tensor.BF16
 			}
-			run("cast", graph.Attrs{"dtype": other}, func(out, x *Tensor) error { return d.Cast(out, x) })
+			run("cast", graph.Attrs{"dtype": other}, func(out, x *Tensor) error { return Cast(d, out, x) })
 		}
 		y := randTensor(rng, tensor.F32, []int{2, 1, 4, 5}, -9, 9).Cast(dt)
 		want := cpuOp(t, "concat", graph.Attrs{"axis": 1}, x, y, x)[0]
 		in := up(t, d, x, y)
 		out := like(t, d, want)
-		if err := d.Concat(out[0], 1, in[0], in[1], in[0]); err != nil {
+		if err := Concat(d, out[0], 1, in[0], in[1], in[0]); err != nil {
 			t.Fatal(err)
 		}
 		compare(t, "concat", fmt.Sprintf("%s axis 1", dt), down(t, d, out[0]), want, exact)
@@ -234,7 +234,7 @@ func TestCopies(t *testing.T) {
 		want = cpuOp(t, "expand", graph.Attrs{"shape": graph.Dims(2, 4, 3, 5)}, e)[0]
 		in = up(t, d, e)
 		out = like(t, d, want)
-		if err := d.Expand(out[0], in[0]); err != nil {
+		if err := Expand(d, out[0], in[0]); err != nil {
 			t.Fatal(err)
 		}
 		compare(t, "expand", fmt.Sprintf("%s [2,1,3,1] -> [2,4,3,5]", dt), down(t, d, out[0]), want, exact)
@@ -242,7 +242,7 @@ func TestCopies(t *testing.T) {
 		want = cpuOp(t, "repeat_kv", graph.Attrs{"n": 3}, x)[0]
 		in = up(t, d, x)
 		out = like(t, d, want)
-		if err := d.repeatKVLocked(out[0], in[0], 3); err != nil {
+		if err := repeatKVLocked(d, out[0], in[0], 3); err != nil {
 			t.Fatal(err)
 		}
 		compare(t, "repeat_kv", fmt.Sprintf("%s n=3", dt), down(t, d, out[0]), want, exact)
@@ -250,8 +250,8 @@ func TestCopies(t *testing.T) {
 }
 
 // repeatKVLocked runs repeatKV with the device locked, for tests.
-func (d *Device) repeatKVLocked(out, x *Tensor, n int) error {
-	return d.do(func() error { return d.repeatKV(out, x, n) })
+func repeatKVLocked(d *Device, out, x *Tensor, n int) error {
+	return d.do(func() error { return repeatKV(d, out, x, n) })
 }
 
 func TestSDPA(t *testing.T) {
@@ -292,7 +292,7 @@ func TestSDPA(t *testing.T) {
 			want := cpuOp(t, "sdpa", graph.Attrs{"scale": scale, "window": tc.window}, q, k, v, pos)[0]
 			in := up(t, d, q, k, v, pos)
 			out := like(t, d, want)
-			if err := d.SDPA(out[0], in[0], in[1], in[2], in[3], float32(scale), tc.window); err != nil {
+			if err := SDPA(d, out[0], in[0], in[1], in[2], in[3], float32(scale), tc.window); err != nil {
 				t.Fatal(err)
 			}
 			tl := tol{atol: 2e-5, rtol: 1e-4}
@@ -333,7 +333,7 @@ func TestArgmax(t *testing.T) {
 		}
 		in := up(t, d, x)
 		out := like(t, d, want)
-		if err := d.Argmax(out[0], in[0]); err != nil {
+		if err := Argmax(d, out[0], in[0]); err != nil {
 			t.Fatal(err)
 		}
 		compare(t, "argmax", fmt.Sprintf("%s%v", tc.dt, tc.shape), down(t, d, out[0]), want, exact)
@@ -369,7 +369,7 @@ func TestLinear(t *testing.T) {
 			}
 			in := up(t, d, x, w)
 			out := like(t, d, want)
-			if err := d.Linear(out[0], in[0], in[1]); err != nil {
+			if err := Linear(d, out[0], in[0], in[1]); err != nil {
 				t.Fatal(err)
 			}
 			got := down(t, d, out[0])
@@ -391,7 +391,7 @@ func TestLinear(t *testing.T) {
 	x, w := randTensor(rng, tensor.BF16, []int{2, 8}, -1, 1), randTensor(rng, tensor.BF16, []int{3, 8}, -1, 1)
 	in := up(t, d, x, w)
 	out := like(t, d, tensor.New(tensor.BF16, 2, 4))
-	if err := d.Linear(out[0], in[0], in[1]); err == nil || !strings.Contains(err.Error(), "linear") {
+	if err := Linear(d, out[0], in[0], in[1]); err == nil || !strings.Contains(err.Error(), "linear") {
 		t.Errorf("linear into a wrong shape: %v", err)
 	}
 }
@@ -451,7 +451,7 @@ func TestFastCopies(t *testing.T) {
 		in := up(t, d, x)[0]
 		cases = append(cases, copyCase{fmt.Sprintf("transpose %s%v %v", dt, shape, perm),
 			cpuOp(t, "transpose", graph.Attrs{"perm": perm}, x)[0],
-			func(out *Tensor) error { return d.Transpose(out, in, perm) }})
+			func(out *Tensor) error { return Transpose(d, out, in, perm) }})
 	}
 	transpose(tensor.BF16, []int{1, 1024, 32, 128}, []int{0, 2, 1, 3})
 	transpose(tensor.BF16, []int{2, 33, 4, 40}, []int{0, 2, 1, 3})
@@ -465,7 +465,7 @@ func TestFastCopies(t *testing.T) {
 	for _, sl := range [][4]int{{2, 1, 17, 1}, {2, 8, 24, 1}, {2, 4, 20, 1}, {2, 2, 18, 1}, {1, 1, 6, 2}, {2, 0, 24, 3}} {
 		cases = append(cases, copyCase{fmt.Sprintf("slice bf16%v axis %d [%d:%d:%d]", x.Shape, sl[0], sl[1], sl[2], sl[3]),
 			cpuOp(t, "slice", graph.Attrs{"axis": sl[0], "start": sl[1], "end": sl[2], "step": sl[3]}, x)[0],
-			func(out *Tensor) error { return d.Slice(out, xin, sl[0], sl[1], sl[2], sl[3]) }})
+			func(out *Tensor) error { return Slice(d, out, xin, sl[0], sl[1], sl[2], sl[3]) }})
 	}
 	for _, widths := range [][]int{{5, 11}, {8, 8, 16}, {3, 4, 7}} {
 		var hs []*tensor.Tensor
@@ -477,7 +477,7 @@ func TestFastCopies(t *testing.T) {
 		}
 		cases = append(cases, copyCase{fmt.Sprintf("concat bf16 widths %v on the last axis", widths),
 			cpuOp(t, "concat", graph.Attrs{"axis": 2}, hs...)[0],
-			func(out *Tensor) error { return d.Concat(out, 2, ins...) }})
+			func(out *Tensor) error { return Concat(d, out, 2, ins...) }})
 	}
 	{ // fused weights: rows of 512 from three matrices
 		var hs []*tensor.Tensor
@@ -489,19 +489,19 @@ func TestFastCopies(t *testing.T) {
 		}
 		cases = append(cases, copyCase{"concat bf16 [64,512] [16,512] [16,512] on axis 0",
 			cpuOp(t, "concat", graph.Attrs{"axis": 0}, hs...)[0],
-			func(out *Tensor) error { return d.Concat(out, 0, ins...) }})
+			func(out *Tensor) error { return Concat(d, out, 0, ins...) }})
 	}
 	for _, dt := range []tensor.DType{tensor.BF16, tensor.F32} {
 		e := randTensor(rng, tensor.F32, []int{2, 1, 3, 1}, -9, 9).Cast(dt)
 		ein := up(t, d, e)[0]
 		cases = append(cases, copyCase{fmt.Sprintf("expand %s [2,1,3,1] -> [2,4,3,5]", dt),
 			cpuOp(t, "expand", graph.Attrs{"shape": graph.Dims(2, 4, 3, 5)}, e)[0],
-			func(out *Tensor) error { return d.Expand(out, ein) }})
+			func(out *Tensor) error { return Expand(d, out, ein) }})
 		e2 := randTensor(rng, tensor.F32, []int{3, 1, 16}, -9, 9).Cast(dt)
 		e2in := up(t, d, e2)[0]
 		cases = append(cases, copyCase{fmt.Sprintf("expand %s [3,1,16] -> [3,5,16]", dt),
 			cpuOp(t, "expand", graph.Attrs{"shape": graph.Dims(3, 5, 16)}, e2)[0],
-			func(out *Tensor) error { return d.Expand(out, e2in) }})
+			func(out *Tensor) error { return Expand(d, out, e2in) }})
 	}
 	for _, c := range []struct {
 		from, to tensor.DType
@@ -514,7 +514,7 @@ func TestFastCopies(t *testing.T) {
 		hin := up(t, d, h)[0]
 		cases = append(cases, copyCase{fmt.Sprintf("cast %s%v -> %s", c.from, c.shape, c.to),
 			cpuOp(t, "cast", graph.Attrs{"dtype": c.to}, h)[0],
-			func(out *Tensor) error { return d.Cast(out, hin) }})
+			func(out *Tensor) error { return Cast(d, out, hin) }})
 	}
 	// Sources 1 and 4 elements past an aligned address: single elements, then 8-byte
 	// vectors; a cast from 1 element past.
@@ -525,9 +525,9 @@ func TestFastCopies(t *testing.T) {
 		src := view(pin, tensor.BF16, off, 4, 32, 60)
 		cases = append(cases, copyCase{fmt.Sprintf("transpose bf16[4,32,60] at element %d", off),
 			cpuOp(t, "transpose", graph.Attrs{"perm": []int{1, 0, 2}}, h)[0],
-			func(out *Tensor) error { return d.Transpose(out, src, []int{1, 0, 2}) }})
+			func(out *Tensor) error { return Transpose(d, out, src, []int{1, 0, 2}) }})
 		cases = append(cases, copyCase{fmt.Sprintf("cast bf16[4,32,60] at element %d -> f32", off),
-			h.Cast(tensor.F32), func(out *Tensor) error { return d.Cast(out, src) }})
+			h.Cast(tensor.F32), func(out *Tensor) error { return Cast(d, out, src) }})
 	}
 	for _, general := range []bool{false, true} {
 		forceGeneralCopy = general
@@ -604,9 +604,9 @@ func TestRMSNormRegisterForms(t *testing.T) {
 
 			want := cpuOp(t, "rmsnorm", graph.Attrs{"eps": 1e-5}, x, w)[0]
 			outs := poisoned(t, d, want, want)
-			run(func() error { return d.RMSNorm(outs[0], xin, ins[2], 1e-5) })
+			run(func() error { return RMSNorm(d, outs[0], xin, ins[2], 1e-5) })
 			forceLoopNorm = true
-			run(func() error { return d.RMSNorm(outs[1], xin, ins[2], 1e-5) })
+			run(func() error { return RMSNorm(d, outs[1], xin, ins[2], 1e-5) })
 			forceLoopNorm = false
 			got := down(t, d, outs[0])
 			compare(t, "rmsnorm", name, got, want, tolFor(want.DType))
@@ -614,9 +614,9 @@ func TestRMSNormRegisterForms(t *testing.T) {
 
 			wants := cpuOp(t, "add_rmsnorm", graph.Attrs{"eps": 1e-6}, x, r, w)
 			nouts := poisoned(t, d, wants[0], wants[1], wants[0], wants[1])
-			run(func() error { return d.AddRMSNorm(nouts[0], nouts[1], xin, ins[1], ins[2], 1e-6) })
+			run(func() error { return AddRMSNorm(d, nouts[0], nouts[1], xin, ins[1], ins[2], 1e-6) })
 			forceLoopNorm = true
-			run(func() error { return d.AddRMSNorm(nouts[2], nouts[3], xin, ins[1], ins[2], 1e-6) })
+			run(func() error { return AddRMSNorm(d, nouts[2], nouts[3], xin, ins[1], ins[2], 1e-6) })
 			forceLoopNorm = false
 			normed, sum := down(t, d, nouts[0]), down(t, d, nouts[1])
 			compare(t, "add_rmsnorm", name+" normed", normed, wants[0], tolFor(wants[0].DType))
@@ -626,7 +626,7 @@ func TestRMSNormRegisterForms(t *testing.T) {
 			if dt[1] == wants[1].DType { // the sum written over the residual
 				res := up(t, d, r)[0]
 				inPlace := poisoned(t, d, wants[0])[0]
-				run(func() error { return d.AddRMSNorm(inPlace, res, xin, res, ins[2], 1e-6) })
+				run(func() error { return AddRMSNorm(d, inPlace, res, xin, res, ins[2], 1e-6) })
 				compare(t, "add_rmsnorm", name+" normed, sum in place", down(t, d, inPlace), normed, exact)
 				compare(t, "add_rmsnorm", name+" sum in place", down(t, d, res), sum, exact)
 			}
@@ -688,25 +688,25 @@ func TestFastPathTimings(t *testing.T) {
 	for _, T := range []int{1024, 4096} {
 		x, y := rnd(bf, 1, T, 32, 128), like(t, d, tensor.New(bf, 1, 32, T, 128))[0]
 		report(fmt.Sprintf("transpose bf16 [1,%d,32,128]", T), 4*float64(T*32*128), &forceGeneralCopy,
-			func() error { return d.transpose(y, x, []int{0, 2, 1, 3}) })
+			func() error { return transpose(d, y, x, []int{0, 2, 1, 3}) })
 	}
 	lg, lf := rnd(bf, 64, 128256), like(t, d, tensor.New(tensor.F32, 64, 128256))[0]
-	report("cast bf16 -> f32 [64,128256]", 6*64*128256, &forceGeneralCopy, func() error { return d.cast(lf, lg) })
+	report("cast bf16 -> f32 [64,128256]", 6*64*128256, &forceGeneralCopy, func() error { return cast(d, lf, lg) })
 	wq, wk, wv := rnd(bf, 4096, 4096), rnd(bf, 1024, 4096), rnd(bf, 1024, 4096)
 	wqkv := like(t, d, tensor.New(bf, 6144, 4096))[0]
 	report("concat bf16 [4096|1024|1024,4096] axis 0", 4*6144*4096, &forceGeneralCopy,
-		func() error { return d.concat(wqkv, 0, []*Tensor{wq, wk, wv}) })
+		func() error { return concat(d, wqkv, 0, []*Tensor{wq, wk, wv}) })
 	wg, wu := rnd(bf, 4096, 2048), rnd(bf, 4096, 2048)
 	wgu := like(t, d, tensor.New(bf, 4096, 4096))[0]
 	report("concat bf16 [4096,2048|2048] axis 1", 4*4096*4096, &forceGeneralCopy,
-		func() error { return d.concat(wgu, 1, []*Tensor{wg, wu}) })
+		func() error { return concat(d, wgu, 1, []*Tensor{wg, wu}) })
 	w := rnd(bf, 4096)
 	for _, rows := range []int{1, 64, 4096} {
 		x, r := rnd(bf, rows, 4096), rnd(bf, rows, 4096)
 		o, s := like(t, d, tensor.New(bf, rows, 4096))[0], like(t, d, tensor.New(bf, rows, 4096))[0]
 		report(fmt.Sprintf("rmsnorm bf16 [%d,4096]", rows), 4*float64(rows*4096), &forceLoopNorm,
-			func() error { return d.rmsnorm(o, x, w, 1e-5) })
+			func() error { return rmsnorm(d, o, x, w, 1e-5) })
 		report(fmt.Sprintf("add_rmsnorm bf16 [%d,4096]", rows), 8*float64(rows*4096), &forceLoopNorm,
-			func() error { return d.addRMSNorm(o, s, x, r, w, 1e-5) })
+			func() error { return addRMSNorm(d, o, s, x, r, w, 1e-5) })
 	}
 }

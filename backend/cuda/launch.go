@@ -212,14 +212,14 @@ func (p *Program) queueSample(slot *launchSlot, rows *Tensor, N, V int, draws []
 		ls.ws = t
 	}
 	if allGreedy(draws) {
-		return d.greedyRows(ids, rows, ls.ws)
+		return greedyRows(d, ids, rows, ls.ws)
 	}
 	pt, err := d.upload(SampleParams(draws).Tensor())
 	if err != nil {
 		return fmt.Errorf("sample: %w", err)
 	}
 	defer d.Free(pt) // stream-ordered: the next user of the block runs after sample_rows
-	return d.sampleRows(ids, rows, pt, ls.ws)
+	return sampleRows(d, ids, rows, pt, ls.ws)
 }
 
 // Wait waits for the launched step (watching the other ranks through the communicator when

@@ -39,7 +39,7 @@ func init() {
 		prepare:   func(*Device, *graph.Node) (any, error) { return &linearState{}, nil },
 		workspace: linearWorkspace,
 		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
-			return d.linearSwiGLU(out[0], in[0], state.(*linearState).weight(in[1]), out[1])
+			return linearSwiGLU(d, out[0], in[0], state.(*linearState).weight(in[1]), out[1])
 		},
 	}
 	opKernels["linear_qkv_rope"] = &opKernel{
@@ -53,7 +53,7 @@ func init() {
 		workspace: linearWorkspace,
 		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
 			st := state.(*linearState)
-			return d.linearQKVRope(out[0], out[1], out[2], in[0], st.weight(in[1]), in[2], st.invFreq, out[3],
+			return linearQKVRope(d, out[0], out[1], out[2], in[0], st.weight(in[1]), in[2], st.invFreq, out[3],
 				n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), float32(n.Attrs.Float("scaling")))
 		},
 	}
@@ -102,11 +102,11 @@ func fusedGemvPlan(x, w *Tensor, half int) (gemvPlan, bool) {
 // projections [g|u] = x[...,K] · w[2I,K]ᵀ, rounded to x's dtype, as Linear then SwiGLUPacked
 // compute it. ws (nil, or at least linearWorkspace bytes) takes the projections when the
 // GEMV does not; without it such products are an error. Nothing is allocated.
-func (d *Device) LinearSwiGLU(out, x, w, ws *Tensor) error {
-	return d.do(func() error { return d.linearSwiGLU(out, x, w, ws) })
+func LinearSwiGLU(d *Device, out, x, w, ws *Tensor) error {
+	return d.do(func() error { return linearSwiGLU(d, out, x, w, ws) })
 }
 
-func (d *Device) linearSwiGLU(out, x, w, ws *Tensor) error {
+func linearSwiGLU(d *Device, out, x, w, ws *Tensor) error {
 	if err := checkLive(out, x, w); err != nil {
 		return fmt.Errorf("cuda: linear_swiglu: %w", err)
 	}
@@ -120,14 +120,14 @@ func (d *Device) linearSwiGLU(out, x, w, ws *Tensor) error {
 	}
 	p, ok := fusedGemvPlan(x, w, 0)
 	if !ok {
-		y, err := d.packedScratch("linear_swiglu", ws, x, w)
+		y, err := packedScratch(d, "linear_swiglu", ws, x, w)
 		if err != nil {
 			return err
 		}
-		if err := d.linear(y, x, w); err != nil {
+		if err := linear(d, y, x, w); err != nil {
 			return err
 		}
-		return d.swigluPacked(out, y)
+		return swigluPacked(d, out, y)
 	}
 	c := p.cfg
 	xn := dtypeName(x.DType)
@@ -142,7 +142,7 @@ func (d *Device) linearSwiGLU(out, x, w, ws *Tensor) error {
 }
 
 // packedScratch is the packed projections x · wᵀ as a tensor of x's dtype in the workspace.
-func (d *Device) packedScratch(op string, ws, x, w *Tensor) (*Tensor, error) {
+func packedScratch(d *Device, op string, ws, x, w *Tensor) (*Tensor, error) {
 	shape := append(append([]int(nil), x.Shape[:len(x.Shape)-1]...), w.Shape[0])
 	need := tensor.Numel(shape) * x.DType.Size()
 	if ws == nil || ws.Bytes() < need {
@@ -155,13 +155,13 @@ func (d *Device) packedScratch(op string, ws, x, w *Tensor) (*Tensor, error) {
 // 2*KV)*D, K]ᵀ rounded to x's dtype, laid out and rotated as QKVRoPE does (q[B,H,S,D],
 // k[B,KV,S,D], v[B,KV,S,D], positions[B,S] i32 or i64, invFreq f32[D/2]). ws is as for
 // LinearSwiGLU.
-func (d *Device) LinearQKVRoPE(qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor, heads, kvHeads int, scaling float32) error {
+func LinearQKVRoPE(d *Device, qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor, heads, kvHeads int, scaling float32) error {
 	return d.do(func() error {
-		return d.linearQKVRope(qOut, kOut, vOut, x, w, pos, invFreq, ws, heads, kvHeads, scaling)
+		return linearQKVRope(d, qOut, kOut, vOut, x, w, pos, invFreq, ws, heads, kvHeads, scaling)
 	})
 }
 
-func (d *Device) linearQKVRope(qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor, H, KV int, scaling float32) error {
+func linearQKVRope(d *Device, qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor, H, KV int, scaling float32) error {
 	if err := checkLive(qOut, kOut, vOut, x, w, pos, invFreq); err != nil {
 		return fmt.Errorf("cuda: linear_qkv_rope: %w", err)
 	}
@@ -170,14 +170,14 @@ func (d *Device) linearQKVRope(qOut, kOut, vOut, x, w, pos, invFreq, ws *Tensor,
 	}
 	p, ok := fusedGemvPlan(x, w, invFreq.Numel())
 	if !ok || len(pos.Shape) != 2 || x.Shape[0]*x.Shape[1] != p.M {
-		y, err := d.packedScratch("linear_qkv_rope", ws, x, w)
+		y, err := packedScratch(d, "linear_qkv_rope", ws, x, w)
 		if err != nil {
 			return err
 		}
-		if err := d.linear(y, x, w); err != nil {
+		if err := linear(d, y, x, w); err != nil {
 			return err
 		}
-		return d.qkvRope(qOut, kOut, vOut, y, pos, invFreq, H, KV, scaling)
+		return qkvRope(d, qOut, kOut, vOut, y, pos, invFreq, H, KV, scaling)
 	}
 	sh, err := checkQKVRope([]int{x.Shape[0], x.Shape[1], w.Shape[0]}, x.DType, pos, invFreq, [3]*Tensor{qOut, kOut, vOut}, H, KV)
 	if err != nil {

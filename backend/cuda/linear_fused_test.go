@@ -94,19 +94,19 @@ func (c linearFusedCase) inputs(rng *rand.Rand) []*tensor.Tensor {
 // The device must be locked.
 func (c linearFusedCase) fused(d *Device, outs, in []*Tensor, inv, ws *Tensor) error {
 	if c.H == 0 {
-		return d.linearSwiGLU(outs[0], in[0], in[1], ws)
+		return linearSwiGLU(d, outs[0], in[0], in[1], ws)
 	}
-	return d.linearQKVRope(outs[0], outs[1], outs[2], in[0], in[1], in[2], inv, ws, c.H, c.KV, float32(c.scaling))
+	return linearQKVRope(d, outs[0], outs[1], outs[2], in[0], in[1], in[2], inv, ws, c.H, c.KV, float32(c.scaling))
 }
 
 func (c linearFusedCase) apart(d *Device, outs, in []*Tensor, inv, y *Tensor) error {
-	if err := d.linear(y, in[0], in[1]); err != nil {
+	if err := linear(d, y, in[0], in[1]); err != nil {
 		return err
 	}
 	if c.H == 0 {
-		return d.swigluPacked(outs[0], y)
+		return swigluPacked(d, outs[0], y)
 	}
-	return d.qkvRope(outs[0], outs[1], outs[2], y, in[2], inv, c.H, c.KV, float32(c.scaling))
+	return qkvRope(d, outs[0], outs[1], outs[2], y, in[2], inv, c.H, c.KV, float32(c.scaling))
 }
 
 // invFreq uploads the case's inverse frequencies (a placeholder for swiglu).

@@ -16,12 +16,12 @@ func init() {
 	opKernels["qkv_rope"] = &opKernel{
 		prepare: uploadInvFreq,
 		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
-			return d.qkvRope(out[0], out[1], out[2], in[0], in[1], state.(*Tensor),
+			return qkvRope(d, out[0], out[1], out[2], in[0], in[1], state.(*Tensor),
 				n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), float32(n.Attrs.Float("scaling")))
 		},
 	}
 	opKernels["swiglu_packed"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return d.swigluPacked(out[0], in[0])
+		return swigluPacked(d, out[0], in[0])
 	}}
 }
 
@@ -35,11 +35,11 @@ const qkvRopeSpan = 512
 // writes q[B,H,S,D] and k[B,KV,S,D] rotated as Rope rotates them, and v[B,KV,S,D], all of
 // x's dtype. One kernel launch whose configuration depends only on the shapes; nothing is
 // allocated, so it can be captured in a CUDA graph.
-func (d *Device) QKVRoPE(qOut, kOut, vOut, x, pos, invFreq *Tensor, heads, kvHeads int, scaling float32) error {
-	return d.do(func() error { return d.qkvRope(qOut, kOut, vOut, x, pos, invFreq, heads, kvHeads, scaling) })
+func QKVRoPE(d *Device, qOut, kOut, vOut, x, pos, invFreq *Tensor, heads, kvHeads int, scaling float32) error {
+	return d.do(func() error { return qkvRope(d, qOut, kOut, vOut, x, pos, invFreq, heads, kvHeads, scaling) })
 }
 
-func (d *Device) qkvRope(qOut, kOut, vOut, x, pos, invFreq *Tensor, H, KV int, scaling float32) error {
+func qkvRope(d *Device, qOut, kOut, vOut, x, pos, invFreq *Tensor, H, KV int, scaling float32) error {
 	if err := checkLive(qOut, kOut, vOut, x, pos, invFreq); err != nil {
 		return fmt.Errorf("cuda: qkv_rope: %w", err)
 	}
@@ -117,11 +117,11 @@ func ropeScaled(scaling float32) int32 {
 // SwiGLUPacked runs graph op swiglu_packed: x[...,2I] (f32 or bf16; gate the first I of each
 // row, up the last I) -> out[...,I] of x's dtype, silu(gate) * up computed as SwiGLU computes
 // it. One grid-stride launch; nothing is allocated.
-func (d *Device) SwiGLUPacked(out, x *Tensor) error {
-	return d.do(func() error { return d.swigluPacked(out, x) })
+func SwiGLUPacked(d *Device, out, x *Tensor) error {
+	return d.do(func() error { return swigluPacked(d, out, x) })
 }
 
-func (d *Device) swigluPacked(out, x *Tensor) error {
+func swigluPacked(d *Device, out, x *Tensor) error {
 	if err := checkLive(out, x); err != nil {
 		return fmt.Errorf("cuda: swiglu_packed: %w", err)
 	}
@@ -142,7 +142,7 @@ func (d *Device) swigluPacked(out, x *Tensor) error {
 	if n == 0 {
 		return nil
 	}
-	return d.launch("packed.cu", "swiglu_packed_"+xn, d.gridStride(n), block256, 0, func(a *cubind.Args) {
+	return d.launch("packed.cu", "swiglu_packed_"+xn, gridStride(d, n), block256, 0, func(a *cubind.Args) {
 		a.Ptr(out.ptr).Ptr(x.ptr).I64(int64(I)).I64(n)
 	})
 }

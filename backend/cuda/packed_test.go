@@ -40,7 +40,7 @@ func TestQKVRoPE(t *testing.T) {
 			}
 			in := up(t, d, x, pos, tensor.FromF32(f, len(f)))
 			out := like(t, d, want...)
-			if err := d.QKVRoPE(out[0], out[1], out[2], in[0], in[1], in[2], tc.H, tc.KV, float32(tc.scaling)); err != nil {
+			if err := QKVRoPE(d, out[0], out[1], out[2], in[0], in[1], in[2], tc.H, tc.KV, float32(tc.scaling)); err != nil {
 				t.Fatal(err)
 			}
 			name := fmt.Sprintf("%s B%d S%d H%d KV%d D%d scaling %g pos %s", dt, tc.B, tc.S, tc.H, tc.KV, tc.D, tc.scaling, tc.pos)
@@ -64,7 +64,7 @@ func TestSwiGLUPacked(t *testing.T) {
 			want := cpuOp(t, "swiglu_packed", nil, x)[0]
 			in := up(t, d, x)
 			out := like(t, d, want)
-			if err := d.SwiGLUPacked(out[0], in[0]); err != nil {
+			if err := SwiGLUPacked(d, out[0], in[0]); err != nil {
 				t.Fatal(err)
 			}
 			compare(t, "swiglu_packed", fmt.Sprintf("%s%v", dt, shape), down(t, d, out[0]), want, tolFor(dt))
@@ -77,17 +77,17 @@ func TestPackedChecks(t *testing.T) {
 	d := gpu(t)
 	x := up(t, d, tensor.New(tensor.BF16, 1, 3, 16), tensor.New(tensor.I32, 1, 3), tensor.FromF32([]float32{1, 0.5}, 2))
 	outs := like(t, d, tensor.New(tensor.BF16, 1, 2, 3, 4), tensor.New(tensor.BF16, 1, 1, 3, 4), tensor.New(tensor.F32, 1, 1, 3, 4))
-	if err := d.QKVRoPE(outs[0], outs[1], outs[1], x[0], x[1], x[2], 2, 1, 1); err != nil {
+	if err := QKVRoPE(d, outs[0], outs[1], outs[1], x[0], x[1], x[2], 2, 1, 1); err != nil {
 		t.Errorf("fitting operands: %v", err)
 	}
 	for _, c := range []struct {
 		name string
 		err  error
 	}{
-		{"heads that do not fit x", d.QKVRoPE(outs[0], outs[1], outs[1], x[0], x[1], x[2], 3, 1, 1)},
-		{"v output of another dtype", d.QKVRoPE(outs[0], outs[1], outs[2], x[0], x[1], x[2], 2, 1, 1)},
-		{"float positions", d.QKVRoPE(outs[0], outs[1], outs[1], x[0], x[2], x[2], 2, 1, 1)},
-		{"swiglu_packed output of another shape", d.SwiGLUPacked(outs[0], x[0])},
+		{"heads that do not fit x", QKVRoPE(d, outs[0], outs[1], outs[1], x[0], x[1], x[2], 3, 1, 1)},
+		{"v output of another dtype", QKVRoPE(d, outs[0], outs[1], outs[2], x[0], x[1], x[2], 2, 1, 1)},
+		{"float positions", QKVRoPE(d, outs[0], outs[1], outs[1], x[0], x[2], x[2], 2, 1, 1)},
+		{"swiglu_packed output of another shape", SwiGLUPacked(d, outs[0], x[0])},
 	} {
 		if c.err == nil {
 			t.Errorf("%s: no error", c.name)

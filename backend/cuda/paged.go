@@ -22,7 +22,7 @@ func init() {
 			if len(out) > len(n.Outputs) {
 				ws = out[len(n.Outputs)]
 			}
-			return d.pagedAttention(out[0], in, ws, float32(n.Attrs.Float("scale")), n.Attrs.Int("window"), n.Attrs.Int("token_major") == 1)
+			return pagedAttention(d, out[0], in, ws, float32(n.Attrs.Float("scale")), n.Attrs.Int("window"), n.Attrs.Int("token_major") == 1)
 		},
 	}
 	opKernels["gather"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
@@ -30,7 +30,7 @@ func init() {
 		if err != nil {
 			return err
 		}
-		return d.gather(out[0], in[0], in[1], ax)
+		return gather(d, out[0], in[0], in[1], ax)
 	}}
 }
 
@@ -56,8 +56,8 @@ func init() {
 // is skipped and reported by the next Sync or Download, with the bad value. A token whose
 // context cannot be read gives NaN. Entries of block_tables past a sequence's last position
 // (padding such as -1) are never read.
-func (d *Device) PagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int, tokenMajor bool) error {
-	return d.do(func() error { return d.pagedAttention(out, in, ws, scale, window, tokenMajor) })
+func PagedAttention(d *Device, out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int, tokenMajor bool) error {
+	return d.do(func() error { return pagedAttention(d, out, in, ws, scale, window, tokenMajor) })
 }
 
 func is64(t *Tensor) int32 {
@@ -298,7 +298,7 @@ func prefillDL(D int) int {
 	return dl
 }
 
-func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int, tokenMajor bool) error {
+func pagedAttention(d *Device, out *Tensor, in []*Tensor, ws *Tensor, scale float32, window int, tokenMajor bool) error {
 	if len(in) != 9 {
 		return fmt.Errorf("cuda: paged_attention: want 9 inputs, got %d", len(in))
 	}
@@ -431,8 +431,8 @@ func (d *Device) pagedAttention(out *Tensor, in []*Tensor, ws *Tensor, scale flo
 		}
 		return nil
 	}
-	if d.useFlashPrefill(out, in) {
-		if err := d.flashPrefill(out, in, scale, window, tm); err != nil {
+	if useFlashPrefill(d, out, in) {
+		if err := flashPrefill(d, out, in, scale, window, tm); err != nil {
 			return fail(err)
 		}
 		return nil
@@ -525,11 +525,11 @@ func pagedError(w [4]int32) error {
 
 // Gather selects entries of x along axis by the integer indices idx (i32 or i64) into out,
 // as graph op gather. An index outside the axis gives zeros, not an error.
-func (d *Device) Gather(out, x, idx *Tensor, axis int) error {
-	return d.do(func() error { return d.gather(out, x, idx, axis) })
+func Gather(d *Device, out, x, idx *Tensor, axis int) error {
+	return d.do(func() error { return gather(d, out, x, idx, axis) })
 }
 
-func (d *Device) gather(out, x, idx *Tensor, axis int) error {
+func gather(d *Device, out, x, idx *Tensor, axis int) error {
 	if err := checkLive(out, x, idx); err != nil {
 		return fmt.Errorf("cuda: gather: %w", err)
 	}
@@ -562,7 +562,7 @@ func (d *Device) gather(out, x, idx *Tensor, axis int) error {
 	default:
 		return fmt.Errorf("cuda: gather: unsupported dtype %s", x.DType)
 	}
-	return d.launchX("paged.cu", fmt.Sprintf("GATHER(%s, %s)", ct, tn), "gather_"+tn, d.gridStride(total), block256, 0, func(a *cubind.Args) {
+	return d.launchX("paged.cu", fmt.Sprintf("GATHER(%s, %s)", ct, tn), "gather_"+tn, gridStride(d, total), block256, 0, func(a *cubind.Args) {
 		a.Ptr(out.ptr).Ptr(x.ptr).Ptr(idx.ptr).I32(is64(idx)).I64(outer).I64(A).I64(n).I64(inner)
 	})
 }

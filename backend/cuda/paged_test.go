@@ -185,7 +185,7 @@ func (c pagedCase) run(t *testing.T, d *Device, rng *rand.Rand) {
 	}
 	want := cpuOp(t, "paged_attention", attrs, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
 	out := like(t, d, want)
-	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), float32(scale), c.window, c.tokenMajor); err != nil {
+	if err := PagedAttention(d, out[0], in, pagedWorkspace(t, d, in), float32(scale), c.window, c.tokenMajor); err != nil {
 		t.Fatal(err)
 	}
 	tl := tol{atol: 2e-5, rtol: 1e-4}
@@ -328,7 +328,7 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 			kc := randTensor(rng, tensor.BF16, []int{l.NB, 16, KV, D}, -1, 1)
 			in := up(t, d, q, k, k, l.pos, kc, kc.Clone(), l.slots, l.seqs, l.tables)
 			out := like(t, d, q)
-			if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.125, 0, false); err != nil {
+			if err := PagedAttention(d, out[0], in, pagedWorkspace(t, d, in), 0.125, 0, false); err != nil {
 				t.Fatal(err)
 			}
 			err := d.Sync()
@@ -411,7 +411,7 @@ func TestGatherMatchesCPU(t *testing.T) {
 		want := cpuOp(t, "gather", graph.Attrs{"axis": tc.axis}, x, idx)[0]
 		in := up(t, d, x, idx)
 		out := like(t, d, want)
-		if err := d.Gather(out[0], in[0], in[1], tc.axis); err != nil {
+		if err := Gather(d, out[0], in[0], in[1], tc.axis); err != nil {
 			t.Fatal(err)
 		}
 		compare(t, "gather", fmt.Sprintf("%s%v axis %d", tc.dt, tc.shape, tc.axis), down(t, d, out[0]), want, tol{})
@@ -443,7 +443,7 @@ func TestPagedTimings(t *testing.T) {
 		in := []*Tensor{q, k, v, idx[0], kc, vc, idx[1], idx[2], idx[3]}
 		out := zeros(tensor.BF16, 1, H, l.S, D)
 		ws := pagedWorkspace(t, d, in)
-		per, err := wallTime(d, 3, 20, func() error { return d.PagedAttention(out, in, ws, 0.088, 0, false) })
+		per, err := wallTime(d, 3, 20, func() error { return PagedAttention(d, out, in, ws, 0.088, 0, false) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -588,7 +588,7 @@ func TestFlashPrefillTimings(t *testing.T) {
 			ps   int
 		}{{"flash PS2", true, 2}, {"flash PS1", true, 1}, {"paged_prefill", false, 2}} {
 			flashPrefillEnabled, flashPSplit = v.on, v.ps
-			per, err := wallTime(d, 3, 20, func() error { return d.PagedAttention(out, in, nil, 0.088, 0, false) })
+			per, err := wallTime(d, 3, 20, func() error { return PagedAttention(d, out, in, nil, 0.088, 0, false) })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -660,7 +660,7 @@ func TestPagedDecodePlansMatchCPU(t *testing.T) {
 	in := up(t, d, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)
 	want := cpuOp(t, "paged_attention", graph.Attrs{"scale": 0.088, "window": 0}, q, k, v, l.pos, kc, vc, l.slots, l.seqs, l.tables)[0]
 	out := poisoned(t, d, want)
-	if err := d.PagedAttention(out[0], in, pagedWorkspace(t, d, in), 0.088, 0, false); err != nil {
+	if err := PagedAttention(d, out[0], in, pagedWorkspace(t, d, in), 0.088, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	compare(t, "paged_attention", "tables padded to 16 entries", down(t, d, out[0]), want, tol{atol: 1.0 / 64, rtol: 1.0 / 64})
@@ -720,7 +720,7 @@ func TestPagedDecodeTimings(t *testing.T) {
 		time1 := func(what string) float64 {
 			ws := pagedWorkspace(t, d, in)
 			p := planDecode(H, KV, l.S, D, l.M, BS, 2)
-			el := graphTime(t, d, 20, func() error { return d.pagedAttention(out, in, ws, 0.088, 0, false) })
+			el := graphTime(t, d, 20, func() error { return pagedAttention(d, out, in, ws, 0.088, 0, false) })
 			t.Logf("paged decode H%d KV%d N%-3d ctx %-5d M%-4d %2d warps %2d splits %s %-9s: %7.1f µs, %5.0f GB/s of K/V", H, KV, tc.N, tc.ctx, l.M, p.warps, p.splits,
 				mergeNames[p.merge], what, float64(el.Nanoseconds())/1e3, kv/el.Seconds()/1e9)
 			return el.Seconds()

@@ -370,7 +370,7 @@ func TestPeerAllReduceAddRMSNorm(t *testing.T) {
 				if err := p.AllReduce(x.ar, x.x); err != nil {
 					return err
 				}
-				return d.AddRMSNorm(x.nRef, x.sRef, x.ar, x.res, x.w, 1e-5)
+				return AddRMSNorm(d, x.nRef, x.sRef, x.ar, x.res, x.w, 1e-5)
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -452,7 +452,7 @@ func TestPeerGraph(t *testing.T) {
 			if err := g.Rank(r).AllReduce(rt[r].ar, rt[r].x); err != nil {
 				return err
 			}
-			return d.AddRMSNorm(rt[r].nRef, rt[r].sRef, rt[r].ar, rt[r].res, rt[r].w, 1e-6)
+			return AddRMSNorm(d, rt[r].nRef, rt[r].sRef, rt[r].ar, rt[r].res, rt[r].w, 1e-6)
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -544,7 +544,7 @@ func TestPeerGroupOfOne(t *testing.T) {
 	if err := r.AllReduceAddRMSNorm(v(a[0]), v(a[1]), v(u[0]), v(u[1]), u[2], 1e-5); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.AddRMSNorm(v(a[2]), v(a[3]), v(u[0]), v(u[1]), u[2], 1e-5); err != nil {
+	if err := AddRMSNorm(d, v(a[2]), v(a[3]), v(u[0]), v(u[1]), u[2], 1e-5); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameBits("normed", down(t, d, a[0]), down(t, d, a[2])); err != nil {
@@ -680,7 +680,7 @@ func ipcRank(t *testing.T, d *Device, rank int, ex Exchange) {
 	if err := r.AllReduce(a[2], u[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.AddRMSNorm(v(a[3]), v(a[4]), v(a[2]), v(u[1]), u[2], 1e-5); err != nil {
+	if err := AddRMSNorm(d, v(a[3]), v(a[4]), v(a[2]), v(u[1]), u[2], 1e-5); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameBits("fused normed", down(t, d, a[0]), down(t, d, a[3])); err != nil {
@@ -896,7 +896,7 @@ func TestPeerLatency(t *testing.T) {
 				if err := p.allReduce(x.ar, x.x); err != nil {
 					return err
 				}
-				if err := p.dev.addRMSNorm(x.normed, x.sum, x.ar, x.res, x.w, 1e-5); err != nil {
+				if err := addRMSNorm(p.dev, x.normed, x.sum, x.ar, x.res, x.w, 1e-5); err != nil {
 					return err
 				}
 			}

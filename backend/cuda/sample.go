@@ -70,8 +70,8 @@ func SampleWorkspace(N, V int) int64 {
 // point, and a draw by an exponential race over a counter-based hash of (seed, counter,
 // token), so the result is deterministic. The call allocates nothing and never waits for the
 // device; its launch depends only on N, so it can be captured in a CUDA graph.
-func (d *Device) SampleRows(ids, logits, params, ws *Tensor) error {
-	return d.do(func() error { return d.sampleRows(ids, logits, params, ws) })
+func SampleRows(d *Device, ids, logits, params, ws *Tensor) error {
+	return d.do(func() error { return sampleRows(d, ids, logits, params, ws) })
 }
 
 // rowsShape checks the operands SampleRows and GreedyRows share, logits f32 [N,V] and ids
@@ -90,7 +90,7 @@ func rowsShape(ids, logits *Tensor) (N, V int, err error) {
 	return N, V, nil
 }
 
-func (d *Device) sampleRows(ids, logits, params, ws *Tensor) error {
+func sampleRows(d *Device, ids, logits, params, ws *Tensor) error {
 	if err := checkLive(ids, logits, params); err != nil {
 		return fmt.Errorf("cuda: sample: %w", err)
 	}
@@ -127,11 +127,11 @@ func greedyChunks(N, V int) int {
 // 0 when the first logit is NaN), over many blocks per row: two kernels, the first taking a
 // chunk of a row per block, the second merging. ws must hold SampleWorkspace(N, V) bytes.
 // Like SampleRows it allocates nothing and never waits.
-func (d *Device) GreedyRows(ids, logits, ws *Tensor) error {
-	return d.do(func() error { return d.greedyRows(ids, logits, ws) })
+func GreedyRows(d *Device, ids, logits, ws *Tensor) error {
+	return d.do(func() error { return greedyRows(d, ids, logits, ws) })
 }
 
-func (d *Device) greedyRows(ids, logits, ws *Tensor) error {
+func greedyRows(d *Device, ids, logits, ws *Tensor) error {
 	if err := checkLive(ids, logits); err != nil {
 		return fmt.Errorf("cuda: greedy: %w", err)
 	}

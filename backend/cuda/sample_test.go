@@ -83,7 +83,7 @@ func sampleOnGPU(t *testing.T, d *Device, x *tensor.Tensor, rows SampleParams) [
 	in := up(t, d, x, rows.Tensor())
 	ids := like(t, d, tensor.New(tensor.I32, N))[0]
 	ws := like(t, d, tensor.New(tensor.Bool, int(SampleWorkspace(N, V))))[0]
-	if err := d.SampleRows(ids, in[0], in[1], ws); err != nil {
+	if err := SampleRows(d, ids, in[0], in[1], ws); err != nil {
 		t.Fatal(err)
 	}
 	return down(t, d, ids).I32
@@ -324,7 +324,7 @@ func TestSampleTimings(t *testing.T) {
 			in := up(t, d, x, rows.Tensor())
 			ids := like(t, d, tensor.New(tensor.I32, N))[0]
 			ws := like(t, d, tensor.New(tensor.Bool, int(SampleWorkspace(N, V))))[0]
-			per, err := wallTime(d, 2, 20, func() error { return d.SampleRows(ids, in[0], in[1], ws) })
+			per, err := wallTime(d, 2, 20, func() error { return SampleRows(d, ids, in[0], in[1], ws) })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -369,7 +369,7 @@ func TestGreedyRows(t *testing.T) {
 			in := up(t, d, x)
 			ids := like(t, d, tensor.New(tensor.I32, N))[0]
 			ws := like(t, d, tensor.New(tensor.Bool, int(SampleWorkspace(N, V))))[0]
-			if err := d.GreedyRows(ids, in[0], ws); err != nil {
+			if err := GreedyRows(d, ids, in[0], ws); err != nil {
 				t.Fatal(err)
 			}
 			got := down(t, d, ids).I32

@@ -5,7 +5,53 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
 )
+
+func init() {
+	opKernels["reshape"] = &opKernel{view: true}
+	opKernels["transpose"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return transpose(d, out[0], in[0], n.Attrs.Ints("perm"))
+	}}
+	opKernels["slice"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
+		if err != nil {
+			return err
+		}
+		return slice(d, out[0], in[0], ax, n.Attrs.Int("start"), n.Attrs.Int("end"), n.Attrs.Int("step"))
+	}}
+	opKernels["concat"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
+		if err != nil {
+			return err
+		}
+		return concat(d, out[0], ax, in)
+	}}
+	opKernels["split"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(in[0].Shape))
+		if err != nil {
+			return err
+		}
+		start := 0
+		for i, o := range out {
+			size := n.Attrs.Ints("sizes")[i]
+			if err := slice(d, o, in[0], ax, start, start+size, 1); err != nil {
+				return err
+			}
+			start += size
+		}
+		return nil
+	}}
+	opKernels["expand"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return expand(d, out[0], in[0])
+	}}
+	opKernels["repeat_kv"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return repeatKV(d, out[0], in[0], n.Attrs.Int("n"))
+	}}
+}
 
 // maxRank is the most dimensions a strided kernel walks (MAX_RANK in common.cuh).
 const maxRank = 6
@@ -318,11 +364,11 @@ func permuted(shape []int, perm []int) ([]int, []int64, error) {
 }
 
 // Transpose permutes x's axes into out: output axis i is input axis perm[i].
-func (d *Device) Transpose(out, x *Tensor, perm []int) error {
-	return d.do(func() error { return d.transpose(out, x, perm) })
+func Transpose(d *Device, out, x *Tensor, perm []int) error {
+	return d.do(func() error { return transpose(d, out, x, perm) })
 }
 
-func (d *Device) transpose(out, x *Tensor, perm []int) error {
+func transpose(d *Device, out, x *Tensor, perm []int) error {
 	if err := checkLive(out, x); err != nil {
 		return fmt.Errorf("cuda: transpose: %w", err)
 	}
@@ -333,15 +379,15 @@ func (d *Device) transpose(out, x *Tensor, perm []int) error {
 	if err := checkOut("output", out, x.DType, shape); err != nil {
 		return fmt.Errorf("cuda: transpose: %w", err)
 	}
-	return d.copyStrided(out, x, shape, st, rowStrides(shape), 0, 0)
+	return copyStrided(d, out, x, shape, st, rowStrides(shape), 0, 0)
 }
 
 // Concat joins xs along axis into out (all of one dtype; other dimensions equal).
-func (d *Device) Concat(out *Tensor, axis int, xs ...*Tensor) error {
-	return d.do(func() error { return d.concat(out, axis, xs) })
+func Concat(d *Device, out *Tensor, axis int, xs ...*Tensor) error {
+	return d.do(func() error { return concat(d, out, axis, xs) })
 }
 
-func (d *Device) concat(out *Tensor, axis int, xs []*Tensor) error {
+func concat(d *Device, out *Tensor, axis int, xs []*Tensor) error {
 	if err := checkLive(append([]*Tensor{out}, xs...)...); err != nil {
 		return fmt.Errorf("cuda: concat: %w", err)
 	}
@@ -367,7 +413,7 @@ func (d *Device) concat(out *Tensor, axis int, xs []*Tensor) error {
 	ost := rowStrides(shape)
 	off := int64(0)
 	for _, x := range xs {
-		if err := d.copyStrided(out, x, x.Shape, rowStrides(x.Shape), ost, 0, off); err != nil {
+		if err := copyStrided(d, out, x, x.Shape, rowStrides(x.Shape), ost, 0, off); err != nil {
 			return err
 		}
 		off += int64(x.Shape[axis]) * ost[axis]
@@ -376,11 +422,11 @@ func (d *Device) concat(out *Tensor, axis int, xs []*Tensor) error {
 }
 
 // Slice copies elements start, start+step, ... (< end) along axis of x into out.
-func (d *Device) Slice(out, x *Tensor, axis, start, end, step int) error {
-	return d.do(func() error { return d.slice(out, x, axis, start, end, step) })
+func Slice(d *Device, out, x *Tensor, axis, start, end, step int) error {
+	return d.do(func() error { return slice(d, out, x, axis, start, end, step) })
 }
 
-func (d *Device) slice(out, x *Tensor, axis, start, end, step int) error {
+func slice(d *Device, out, x *Tensor, axis, start, end, step int) error {
 	if err := checkLive(out, x); err != nil {
 		return fmt.Errorf("cuda: slice: %w", err)
 	}
@@ -398,15 +444,15 @@ func (d *Device) slice(out, x *Tensor, axis, start, end, step int) error {
 	st := rowStrides(x.Shape)
 	src := slices.Clone(st)
 	src[axis] *= int64(step)
-	return d.copyStrided(out, x, shape, src, rowStrides(shape), int64(start)*st[axis], 0)
+	return copyStrided(d, out, x, shape, src, rowStrides(shape), int64(start)*st[axis], 0)
 }
 
 // Expand broadcasts x to out's shape (NumPy rules: size-1 dimensions repeat).
-func (d *Device) Expand(out, x *Tensor) error {
-	return d.do(func() error { return d.expand(out, x) })
+func Expand(d *Device, out, x *Tensor) error {
+	return d.do(func() error { return expand(d, out, x) })
 }
 
-func (d *Device) expand(out, x *Tensor) error {
+func expand(d *Device, out, x *Tensor) error {
 	if err := checkLive(out, x); err != nil {
 		return fmt.Errorf("cuda: expand: %w", err)
 	}
@@ -414,5 +460,70 @@ func (d *Device) expand(out, x *Tensor) error {
 	if err != nil || !slices.Equal(shape, out.Shape) || out.DType != x.DType {
 		return fmt.Errorf("cuda: expand: %s%v does not expand to %s%v", x.DType, x.Shape, out.DType, out.Shape)
 	}
-	return d.copyStrided(out, x, shape, sx, rowStrides(shape), 0, 0)
+	return copyStrided(d, out, x, shape, sx, rowStrides(shape), 0, 0)
+}
+
+// copyStrided copies the iteration space dims from src (element strides ss, offset srcOff)
+// to dst (strides ds, offset dstOff), converting between f32 and bf16 when the dtypes
+// differ; same dtypes copy raw elements of any type. planCopy picks the kernel: vectors and
+// 32-bit index math where the walk allows, else the general kernel.
+func copyStrided(d *Device, dst, src *Tensor, dims []int, ss, ds []int64, srcOff, dstOff int64) error {
+	n := int64(tensor.Numel(dims))
+	if n == 0 {
+		return nil
+	}
+	w, err := collapseWalk(dims, ss, ds, srcOff, dstOff)
+	if err != nil {
+		return fmt.Errorf("cuda: copy: %w", err)
+	}
+	castName := ""
+	if src.DType != dst.DType {
+		sn, err := floatName("source", src.DType)
+		if err != nil {
+			return fmt.Errorf("cuda: cast: %w", err)
+		}
+		dn, err := floatName("destination", dst.DType)
+		if err != nil {
+			return fmt.Errorf("cuda: cast: %w", err)
+		}
+		castName = sn + "_" + dn
+	}
+	p := planCopy(w, src.DType.Size(), dst.DType.Size(), uint64(src.ptr), uint64(dst.ptr), castName)
+	grid := gridStride(d, p.w.n())
+	if p.is32 {
+		grid = gridCopy(d, p.w.n())
+	}
+	return d.launch("elementwise.cu", p.name, grid, block256, 0, func(a *cubind.Args) {
+		a.Ptr(dst.ptr).Ptr(src.ptr).Struct(p.args())
+	})
+}
+
+// gridCopy returns the grid of the 32-bit copy kernels over n elements, in blocks of 256:
+// one element per thread while that takes at most 8 blocks per SM, else up to COPY_UNROLL
+// (4, elementwise.cu) per thread and pass, with at most 16 blocks per SM. The bound keeps
+// the kernels' 32-bit indices (below 2^31 plus 4 passes of the grid) from overflowing.
+func gridCopy(d *Device, n int64) cubind.Dim3 {
+	sms := int64(max(d.info.SMs, 1))
+	g := (n + 255) / 256
+	if g > 8*sms {
+		g = min(max(8*sms, (n+1023)/1024), 16*sms)
+	}
+	return cubind.Dim3{X: int(max(g, 1)), Y: 1, Z: 1}
+}
+
+// repeatKV copies each KV head of x[B,KV,S,D] n times in place into out[B,KV*n,S,D].
+func repeatKV(d *Device, out, x *Tensor, n int) error {
+	if err := checkLive(out, x); err != nil {
+		return fmt.Errorf("cuda: repeat_kv: %w", err)
+	}
+	if len(x.Shape) != 4 || n < 1 {
+		return fmt.Errorf("cuda: repeat_kv: want x [B,KV,S,D] and n >= 1, got %v and %d", x.Shape, n)
+	}
+	B, KV, S, D := x.Shape[0], x.Shape[1], x.Shape[2], x.Shape[3]
+	if err := checkOut("output", out, x.DType, []int{B, KV * n, S, D}); err != nil {
+		return fmt.Errorf("cuda: repeat_kv: %w", err)
+	}
+	dims := []int{B, KV, n, S, D}
+	st := rowStrides(x.Shape)
+	return copyStrided(d, out, x, dims, []int64{st[0], st[1], 0, st[2], st[3]}, rowStrides(dims), 0, 0)
 }
