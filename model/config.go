@@ -150,6 +150,7 @@ func ParseConfig(data []byte, source string) (*Config, error) {
 	}
 	f.nonNegative("sliding_window", c.SlidingWindow)
 	f.nonNegative("num_local_experts", c.NumLocalExperts)
+	f.nonNegative("num_experts", c.NumLocalExperts) // the other name, read when num_local_experts is absent
 	f.nonNegative("num_experts_per_tok", c.NumExpertsPerTok)
 	if c.NumLocalExperts > 0 && (c.NumExpertsPerTok < 1 || c.NumExpertsPerTok > c.NumLocalExperts) {
 		f.fail("num_experts_per_tok must be in [1, %d] (num_local_experts), got %d", c.NumLocalExperts, c.NumExpertsPerTok)

@@ -162,6 +162,8 @@ func FuzzConfigField(f *testing.F) {
 	for i, v := range []string{`0`, `-1`, `null`, `"x"`, `1.5`, `[]`, `{}`, `true`, `1e400`, `[1, -1]`, `{"rope_type": "llama3", "factor": 8}`, `{"rope_theta": -1}`, `{"full_attention": {"rope_theta": 0}}`, `4`, `3`, `"float16"`} {
 		f.Add(uint8(i), []byte(v))
 	}
+	// num_experts, read when num_local_experts is absent, was not checked: -1 was accepted.
+	f.Add(uint8(slices.Index(configKeys, "num_experts")), []byte(`-1`))
 	f.Fuzz(func(t *testing.T, which uint8, value []byte) {
 		key := configKeys[int(which)%len(configKeys)]
 		var m map[string]json.RawMessage
