@@ -28,13 +28,17 @@ type Collectives interface {
 	Wait(ctx context.Context, done cubind.Event) error
 }
 
-// OneShotMaxBytes is the largest all-reduce (bytes per rank) that allreduce_strategy auto
-// sends through the one-shot peer kernel when the program has a PeerRank (and the peer
-// group's buffers hold it); larger ones go to NCCL. On 2 H200s the one-shot kernel beat
-// NCCL at every size measured, 8 KB to 16 MB (bf16, in CUDA graphs: 7.6 µs against 13.6 at
-// 512 KB, 12.2 against 27.9 at 2 MB; docs/PERFORMANCE.md), so the peer buffer's size
-// (engine: 4 MiB) is the limit in practice; the crossover for 4 and 8 GPUs is not measured.
-var OneShotMaxBytes = 16 << 20
+// OneShotMaxBytes is the one threshold of the one-shot all-reduce: the largest all-reduce
+// (bytes per rank) that allreduce_strategy auto sends through the one-shot peer kernel when
+// the program has a PeerRank, and the size of the buffers that Deploy (deploy.go) gives
+// every peer group, in one process and across processes; larger all-reduces go to NCCL. 4 MiB
+// holds a decode step of 64 sequences of width 8192 in bf16 (1 MiB) with room to spare. On
+// 2 H200s the one-shot kernel beat NCCL at every size measured, 8 KB to 16 MB (bf16, in CUDA
+// graphs: 7.6 µs against 13.6 at 512 KB, 12.2 against 27.9 at 2 MB; docs/PERFORMANCE.md), so
+// the buffers' memory, not the crossover, sets it; the crossover for 4 and 8 GPUs is not
+// measured. (It was two numbers, 16 MiB here and 4 MiB for the engine's buffers, of which the
+// smaller ruled.)
+const OneShotMaxBytes = 4 << 20
 
 // collective is a collective node bound to this rank at compile time.
 type collective struct {
