@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -9,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/internal/gputest"
 	"github.com/loom-ml/loom/model/synth"
@@ -17,41 +18,50 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-func TestParseDevice(t *testing.T) {
-	for _, s := range []string{"auto", "cpu", "cuda"} {
-		if d, err := ParseDevice(s); err != nil || string(d) != s {
-			t.Errorf("ParseDevice(%q) = %q, %v", s, d, err)
-		}
-	}
-	if _, err := ParseDevice("gpu"); err == nil || !strings.Contains(err.Error(), "want auto, cpu or cuda") {
-		t.Errorf("ParseDevice(gpu) error = %v", err)
+func TestResolveUnknownDevice(t *testing.T) {
+	if _, _, err := backend.Resolve("gpu", backend.Needs{}); err == nil || !strings.Contains(err.Error(), "want auto, cpu or cuda") {
+		t.Errorf("Resolve(gpu) error = %v", err)
 	}
 }
 
-// auto picks CUDA exactly when cubind.Available has no complaint; cuda without a GPU is an
-// error; cpu is always the CPU.
+// auto picks CUDA exactly when the cuda backend finds a usable GPU; cuda without a GPU is
+// an error; cpu is always the CPU.
 func TestResolveDevice(t *testing.T) {
-	avail := cubind.Available()
-	d, why, err := ResolveDevice(DeviceAuto)
+	cuda, ok := backend.Lookup("cuda")
+	if !ok {
+		t.Fatal("backend cuda is not registered")
+	}
+	_, avail := cuda.Devices()
+	b, why, err := backend.Resolve(backend.Auto, backend.Needs{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DeviceCUDA
+	want := "cuda"
 	if avail != nil {
-		want = DeviceCPU
+		want = "cpu"
 	}
-	if d != want || !strings.HasPrefix(why, "auto: ") {
-		t.Errorf("auto resolves to %q (%s), want %q", d, why, want)
+	if b.Name() != want || !strings.HasPrefix(why, "auto: ") {
+		t.Errorf("auto resolves to %q (%s), want %q", b.Name(), why, want)
 	}
-	if d, _, err := ResolveDevice(DeviceCPU); d != DeviceCPU || err != nil {
-		t.Errorf("cpu resolves to %q, %v", d, err)
+	if b, _, err := backend.Resolve("cpu", backend.Needs{}); err != nil || b.Name() != "cpu" {
+		t.Errorf("cpu resolves to %v, %v", b, err)
 	}
-	d, _, err = ResolveDevice(DeviceCUDA)
+	b, _, err = backend.Resolve("cuda", backend.Needs{})
 	if avail != nil && (err == nil || !strings.Contains(err.Error(), "no GPU can be used")) {
-		t.Errorf("cuda without a GPU: %q, %v; want an error", d, err)
+		t.Errorf("cuda without a GPU: %v, %v; want an error", b, err)
 	}
-	if avail == nil && (err != nil || d != DeviceCUDA) {
-		t.Errorf("cuda with a GPU: %q, %v", d, err)
+	if avail == nil && (err != nil || b.Name() != "cuda") {
+		t.Errorf("cuda with a GPU: %v, %v", b, err)
+	}
+	// The plain graph and one process per rank are the CPU's and CUDA's alone.
+	if _, _, err := backend.Resolve("cuda", backend.Needs{PlainGraph: true}); !errors.Is(err, backend.ErrPlainGraph) {
+		t.Errorf("cuda with the plain graph: %v, want ErrPlainGraph", err)
+	}
+	if _, _, err := backend.Resolve("cpu", backend.Needs{Process: &dist.ProcessEnv{WorldSize: 2}}); !errors.Is(err, backend.ErrProcesses) {
+		t.Errorf("cpu with one process per rank: %v, want ErrProcesses", err)
+	}
+	if b, _, err := backend.Resolve(backend.Auto, backend.Needs{PlainGraph: true}); err != nil || b.Name() != "cpu" {
+		t.Errorf("auto with the plain graph: %v, %v; want cpu", b, err)
 	}
 }
 
@@ -75,7 +85,7 @@ func TestLoadCUDAMeshErrors(t *testing.T) {
 		{"too many ranks", LoadOptions{Optimize: true, Mesh: tp(64)}, "needs 64 GPUs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := LoadCUDA(context.Background(), dir, tc.opts)
+			_, err := Load(context.Background(), dir, onCUDA(tc.opts))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error = %v, want one containing %q", err, tc.want)
 			}
@@ -93,11 +103,19 @@ func needGPU(t *testing.T) {
 // saying how many it found; see internal/gputest).
 func needGPUs(t *testing.T, n int) {
 	t.Helper()
-	found, err := 0, cubind.Available()
-	if err == nil {
-		found, err = cubind.DeviceCount()
+	found, err := 0, error(nil)
+	if cuda, ok := backend.Lookup("cuda"); !ok {
+		err = errors.New("backend cuda is not registered")
+	} else {
+		found, err = cuda.Devices()
 	}
 	gputest.Need(t, n, found, err)
+}
+
+// onCUDA is opts on device cuda.
+func onCUDA(opts LoadOptions) LoadOptions {
+	opts.Device = "cuda"
+	return opts
 }
 
 // The optimized whole-sequence graph, run by backend/cuda, gives Hugging Face's logits and
@@ -108,7 +126,7 @@ func TestCUDAHuggingFaceParity(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("..", "testdata", name)
 			ref := loadReference(t, dir)
-			m, err := LoadCUDA(context.Background(), dir, LoadOptions{Optimize: true})
+			m, err := Load(context.Background(), dir, onCUDA(LoadOptions{Optimize: true, WholeSequences: true}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,14 +156,14 @@ func TestCUDAEngineMatchesCPU(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/eager=%v", name, tc.eager), func(t *testing.T) {
 			// With CUDA graphs, the steps after each bucket's first replay a capture: the
 			// tokens must equal the CPU engine's all the same.
-			opts := LoadOptions{Optimize: true, PagedCache: true, EagerCUDA: tc.eager}
-			m, err := LoadCUDA(context.Background(), filepath.Join("..", "testdata", name), opts)
+			opts := onCUDA(LoadOptions{Optimize: true, EagerCUDA: tc.eager})
+			m, err := Load(context.Background(), filepath.Join("..", "testdata", name), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer m.Close()
 			eo := Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet}
-			ge, err := NewCUDA(context.Background(), m, eo)
+			ge, err := New(context.Background(), m, eo)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,12 +217,12 @@ func TestCUDAEngineTP2(t *testing.T) {
 	for _, name := range []string{"tiny-llama", "tiny-qwen2", "tiny-gqa6"} {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("..", "testdata", name)
-			m, err := LoadCUDA(context.Background(), dir, LoadOptions{Optimize: true, PagedCache: true, Mesh: mesh, ActivationDType: tensor.F32})
+			m, err := Load(context.Background(), dir, onCUDA(LoadOptions{Optimize: true, Mesh: mesh, ActivationDType: tensor.F32}))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet})
+			e, err := New(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -230,7 +248,7 @@ func TestCUDABF16LogitError(t *testing.T) {
 		dir := filepath.Join("..", "testdata", name)
 		ref := loadReference(t, dir)
 		logits := func(spec string, act tensor.DType) [][]float32 {
-			m := loadCUDAOn(t, dir, spec, LoadOptions{Optimize: true, ActivationDType: act})
+			m := loadCUDAOn(t, dir, spec, LoadOptions{Optimize: true, WholeSequences: true, ActivationDType: act})
 			defer m.Close()
 			var all [][]float32
 			for _, p := range ref.Prompts {
@@ -275,7 +293,7 @@ func TestCUDASynthTP2MatchesTP1(t *testing.T) {
 		reqs = append(reqs, Request{Prompt: p, MaxTokens: newTokens, IgnoreEOS: true})
 	}
 	run := func(spec string) [][]int {
-		opts := LoadOptions{Optimize: true, PagedCache: true, ActivationDType: tensor.F32}
+		opts := onCUDA(LoadOptions{Optimize: true, ActivationDType: tensor.F32})
 		if spec != "" {
 			mesh, err := dist.ParseMesh(spec)
 			if err != nil {
@@ -283,12 +301,12 @@ func TestCUDASynthTP2MatchesTP1(t *testing.T) {
 			}
 			opts.Mesh = mesh
 		}
-		m, err := LoadCUDA(ctx, dir, opts)
+		m, err := Load(ctx, dir, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		e, err := NewCUDA(ctx, m, Options{MaxTokensPerStep: 64, KVBlocks: 64, Logger: quiet})
+		e, err := New(ctx, m, Options{MaxTokensPerStep: 64, KVBlocks: 64, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,7 +314,7 @@ func TestCUDASynthTP2MatchesTP1(t *testing.T) {
 		return generateAll(t, e, reqs)
 	}
 	one, two := run(""), run("tp=2")
-	whole, err := LoadCUDA(ctx, dir, LoadOptions{Optimize: true, ActivationDType: tensor.F32})
+	whole, err := Load(ctx, dir, onCUDA(LoadOptions{Optimize: true, WholeSequences: true, ActivationDType: tensor.F32}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,10 +356,10 @@ func TestCUDAOverlappedSteps(t *testing.T) {
 	}
 	for _, spec := range []string{"", "tp=2"} {
 		t.Run("mesh "+spec, func(t *testing.T) {
-			m := loadCUDAOn(t, dir, spec, LoadOptions{Optimize: true, PagedCache: true, ActivationDType: tensor.F32})
+			m := loadCUDAOn(t, dir, spec, LoadOptions{Optimize: true, ActivationDType: tensor.F32})
 			defer m.Close()
 			run := func(sync bool, rs []Request) ([][]int, Stats) {
-				e, err := NewCUDA(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet, SyncSteps: sync})
+				e, err := New(context.Background(), m, Options{MaxTokensPerStep: 16, KVBlocks: 64, Logger: quiet, SyncSteps: sync})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -368,7 +386,7 @@ func TestCUDAOverlappedSteps(t *testing.T) {
 }
 
 // loadCUDAOn loads dir on the GPUs with opts, on the mesh spec ("" for one GPU).
-func loadCUDAOn(t *testing.T, dir, spec string, opts LoadOptions) *CUDAModel {
+func loadCUDAOn(t *testing.T, dir, spec string, opts LoadOptions) *Model {
 	t.Helper()
 	if spec != "" {
 		mesh, err := dist.ParseMesh(spec)
@@ -377,7 +395,7 @@ func loadCUDAOn(t *testing.T, dir, spec string, opts LoadOptions) *CUDAModel {
 		}
 		opts.Mesh = mesh
 	}
-	m, err := LoadCUDA(context.Background(), dir, opts)
+	m, err := Load(context.Background(), dir, onCUDA(opts))
 	if err != nil {
 		t.Fatal(err)
 	}

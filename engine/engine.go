@@ -12,10 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/sample"
-	"github.com/loom-ml/loom/tensor"
 )
 
 // Errors of Submit. Each is wrapped with the request's details; test with errors.Is.
@@ -58,7 +58,7 @@ type Options struct {
 	// its context ends). A request that could never fit fails with ErrRequestTooLarge either way.
 	QueueOnFull bool
 	// HostSampling makes every token be chosen on the host from logits brought back, even
-	// when the executables could sample on their devices (see stepLauncher).
+	// when the executables could sample on their devices (see backend.Launcher).
 	HostSampling bool
 	// SyncSteps waits for each step's tokens before queuing the next. By default, when the
 	// device chooses the tokens, the next decode step is queued while the current one runs
@@ -105,9 +105,9 @@ type Engine struct {
 	layout Layout
 	ranks  *rankSet
 	alloc  *kvcache.Allocator
-	// launchers are the ranks' stepLaunchers when every rank has one (else nil): steps
+	// launchers are the ranks' backend.Launchers when every rank has one (else nil): steps
 	// that sample on the device are then queued and collected apart (see overlap.go).
-	launchers []stepLauncher
+	launchers []backend.Launcher
 	// lastCollect is when the loop last finished collecting a step.
 	lastCollect time.Time
 
@@ -149,12 +149,60 @@ func (s *sequence) generated() int { return len(s.tokens) - s.promptLen }
 
 // New starts an engine on a loaded model (see Load; the model must have gone through the
 // optimizer so that its graph runs on the paged KV cache). It allocates the KV cache once
-// and starts the step loop; Close or Shutdown stop it. ctx bounds the setup only.
+// and starts the step loop; Close or Shutdown stop it. ctx bounds the setup only. The
+// engine must be closed before the model. On rank 0 of a world of processes it runs every
+// rank (the others through the step transport); a follower runs Model.Follow instead.
+//
+// When opts sets no size for the KV cache (KVBlocks, KVCacheBytes) and the model's
+// executables keep it in device memory (a GPU), it takes deviceCacheFraction of the device
+// memory still free after the weights on the emptiest device of any rank, less
+// deviceReserveBytes for activations; in host memory, see Options.KVBlocks.
 func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
-	if m == nil || m.Model == nil {
+	if m == nil || m.Model == nil || m.Program == nil {
 		return nil, errors.New("engine: no model")
 	}
+	if m.Follower() {
+		return nil, fmt.Errorf("engine: rank %d of a model loaded one process per rank follows rank 0 (Model.Follow); only rank 0 runs the engine", m.Rank())
+	}
+	if opts.KVBlocks == 0 && opts.KVCacheBytes == 0 && m.dep != nil && m.dep.FreeMemory != nil {
+		free := m.dep.FreeMemory
+		if m.proc != nil {
+			free = func() (uint64, error) { return m.proc.leastFree(m) }
+		}
+		least, err := free()
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if opts.KVCacheBytes, err = deviceCacheBytes(least); err != nil {
+			return nil, err
+		}
+	}
 	return NewRanks(ctx, m.Ranks(), modelInfo(m.Model), opts)
+}
+
+// The default KV cache size in device memory: this fraction of the memory free after
+// loading, keeping deviceReserveBytes back for activations, cuBLAS and captured graphs.
+const (
+	deviceCacheFraction = 0.9
+	deviceReserveBytes  = 4 << 30
+)
+
+// deviceCacheBytes is the default KV cache budget per device when the emptiest device has
+// least bytes free after the weights.
+func deviceCacheBytes(least uint64) (int64, error) {
+	if least <= deviceReserveBytes {
+		return 0, fmt.Errorf("engine: a GPU has %d MiB free after the weights, too little for a KV cache", least>>20)
+	}
+	return int64(float64(least-deviceReserveBytes) * deviceCacheFraction), nil
+}
+
+// cacheNames names the inputs of a cache spec's tensors.
+func cacheNames(spec kvcache.Spec) []string {
+	names := make([]string, 0, 2*len(spec.Layers))
+	for _, l := range spec.Layers {
+		names = append(names, l.K, l.V)
+	}
+	return names
 }
 
 // modelInfo is what the engine needs to know of a checkpoint.
@@ -226,7 +274,7 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 	rs := &rankSet{ranks: ranks}
 	for r, l := range layouts {
 		newCache := kvcache.NewCache
-		if keepsCache(ranks[r].Exe, l.Cache) {
+		if backend.Keeps(ranks[r].Exe, cacheNames(l.Cache)) {
 			newCache = kvcache.NewCacheShapes
 		}
 		c, err := newCache(l.Cache, blocks)
@@ -248,28 +296,6 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 		"kv_bytes_per_rank", int64(blocks)*blockBytes, "max_batch", opts.MaxBatch, "max_tokens_per_step", opts.MaxTokensPerStep)
 	go e.loop()
 	return e, nil
-}
-
-// residentExecutable is an Executable that keeps some inputs itself, on its device (such as
-// backend/cuda's Program with Options.Resident).
-type residentExecutable interface {
-	Resident() []string
-}
-
-// keepsCache reports whether exe keeps every cache input of spec itself; the engine then
-// gives it shape-only cache tensors instead of allocating the cache on the host.
-func keepsCache(exe Executable, spec kvcache.Spec) bool {
-	re, ok := exe.(residentExecutable)
-	if !ok {
-		return false
-	}
-	names := re.Resident()
-	for _, l := range spec.Layers {
-		if !slices.Contains(names, l.K) || !slices.Contains(names, l.V) {
-			return false
-		}
-	}
-	return true
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -429,15 +455,9 @@ func (e *Engine) ResetStats() {
 	defer e.mu.Unlock()
 	e.counters.StepSeconds, e.counters.ModelSeconds, e.counters.SampleSeconds = 0, 0, 0
 	e.stepsAtReset = e.steps.Load()
-	if c, ok := e.ranks.ranks[0].Exe.(deviceClock); ok {
+	if c, ok := e.ranks.ranks[0].Exe.(backend.DeviceClock); ok {
 		c.ResetDeviceTime()
 	}
-}
-
-// deviceClock is an Executable that times its runs on the device (a CUDA program).
-type deviceClock interface {
-	DeviceTime() (time.Duration, int)
-	ResetDeviceTime()
 }
 
 // Stats returns a snapshot of the engine's state.
@@ -452,7 +472,7 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	st.TimedSteps = st.StepsTotal - e.stepsAtReset
 	e.mu.Unlock()
-	if c, ok := e.ranks.ranks[0].Exe.(deviceClock); ok {
+	if c, ok := e.ranks.ranks[0].Exe.(backend.DeviceClock); ok {
 		d, _ := c.DeviceTime()
 		st.DeviceSeconds = d.Seconds()
 	}
@@ -722,22 +742,6 @@ func (e *Engine) runStep(plan []stepSeq) (rows [][]float32, err error) {
 		rows[i] = out.F32[row*V : (row+1)*V]
 	}
 	return rows, nil
-}
-
-// discarder is an Executable that can run a step without bringing its outputs back (a
-// CUDA program): the ranks whose outputs nobody reads run their steps so.
-type discarder interface {
-	RunDiscard(ctx context.Context, inputs map[string]*tensor.Tensor) error
-}
-
-// runDiscard runs exe on inputs for its effects (KV cache writes, collectives with the
-// other ranks), without its outputs where exe allows it.
-func runDiscard(ctx context.Context, exe Executable, inputs map[string]*tensor.Tensor) error {
-	if d, ok := exe.(discarder); ok {
-		return d.RunDiscard(ctx, inputs)
-	}
-	_, err := exe.Run(ctx, inputs)
-	return err
 }
 
 // deviceDraws returns the device draws of a step's sequences when the ranks sample on

@@ -24,6 +24,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/sample"
@@ -32,13 +33,12 @@ import (
 )
 
 // Executable runs a compiled graph with inputs input_ids i32[B,S] and positions i32[B,S]
-// and returns the logits f32[B,S,vocab] first among its outputs. A graph on the paged KV
-// cache (after insert_cached_attention) also takes slot_mapping, token_seq, block_tables and
-// the kv_cache.<layer>.k/.v tensors, and runs with B = 1; see CacheLayout and stepInputs.
-// cpu.Program implements it.
-type Executable interface {
-	Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error)
-}
+// and returns the logits f32[B,S,vocab] first among its outputs: backend.Executable, whose
+// optional powers (launching steps ahead, keeping the KV caches on the device, ...) the
+// engine uses where every rank has them. A graph on the paged KV cache (after
+// insert_cached_attention) also takes slot_mapping, token_seq, block_tables and the
+// kv_cache.<layer>.k/.v tensors, and runs with B = 1; see CacheLayout and stepInputs.
+type Executable = backend.Executable
 
 // GreedyResult is the outcome of greedy decoding.
 type GreedyResult struct {

@@ -2,12 +2,16 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
-	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/backend"
+	_ "github.com/loom-ml/loom/backend/cpu" // the default device, "cpu"
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
@@ -16,33 +20,47 @@ import (
 	"github.com/loom-ml/loom/transform"
 )
 
-// LoadOptions choose how a checkpoint becomes an executable.
+// LoadOptions choose how a checkpoint becomes executables: the device and the ranks, the
+// graph that runs, and the backend's options.
 type LoadOptions struct {
+	// Device names the backend that runs the model (see package backend's registry): "cpu"
+	// (or empty: backend/cpu, always registered), "cuda" (backend/cuda, registered by
+	// importing it or backend/all), or "auto": the backend of highest priority that can run
+	// the deployment on this machine (backend.Resolve).
+	Device string
 	// ActivationDType is the dtype activations are computed in (f32 when unset).
 	ActivationDType tensor.DType
 	// Optimize runs the transform pipeline over the plain graph, with the paged KV cache
-	// (insert_cached_attention) turned on, so that the result runs in an Engine; otherwise
-	// the plain graph runs. --set transforms.insert_cached_attention.enabled=false keeps the
-	// optimized graph on whole sequences.
+	// (insert_cached_attention) turned on unless WholeSequences is set, so that the result
+	// runs in an Engine; otherwise the plain graph runs.
 	Optimize bool
+	// WholeSequences keeps the optimized graph on whole sequences: the cache stage stays off
+	// (as --set transforms.insert_cached_attention.enabled=false would), the graph takes
+	// input_ids and positions [B,S] and returns logits [B,S,vocab], for GreedyRecompute.
+	WholeSequences bool
 	// Transforms configures the pipeline: extra YAML files, --set overrides, dumps, checks.
 	Transforms transform.Flags
 	// Mesh is the deployment's ranks, such as tp=2 or tp=2,dp=2 (see MeshFor); the zero Mesh
 	// is one rank. On the CPU the ranks are goroutines of this process that talk through
-	// dist/local. More than one rank needs Optimize: sharding is a transform.
+	// dist/local; on CUDA each rank has a GPU and the ranks talk through NCCL. More than one
+	// rank needs Optimize: sharding is a transform.
 	Mesh dist.Mesh
-	// DistBackend is the communicator implementation: auto (""), local or nccl. Loom's engine
-	// runs on the CPU for now, where auto means local and nccl is an error.
+	// DistBackend is the communicator implementation: auto (""), local or nccl; the device
+	// decides what it may be (backend.Backend.Check).
 	DistBackend string
-	// PagedCache turns on the cache stage (insert_cached_attention, gather_logits) so that
-	// the graph runs in an Engine. Load always turns it on when it optimizes; LoadCUDA only
-	// when this is set (without it, the graph runs whole sequences for GreedyRecompute).
-	PagedCache bool
-	// EagerCUDA turns off CUDA graphs: LoadCUDA with PagedCache otherwise captures each
-	// engine step's kernels once per bucket of shapes and replays them (cuda.Options.Graphs).
+	// Process, when set, makes this process one rank of a world of one process per rank
+	// (Process.WorldSize, which must be Mesh's size and at least 2): it compiles rank
+	// Process.Rank only, joins the other processes through the backend's communicator, and
+	// connects to them through the step transport (package engine/steps). Rank 0 then runs
+	// the engine (New) or GreedyRecompute (Model.Executable) over every rank; the others
+	// follow it (Model.Follow). ProcessOptions bound the waits for the other processes.
+	Process        *dist.ProcessEnv
+	ProcessOptions dist.ProcessOptions
+	// EagerCUDA turns off CUDA graphs: on CUDA, the graph on the paged KV cache otherwise
+	// captures each engine step's kernels once per bucket of shapes and replays them.
 	EagerCUDA bool
-	// ProfileCUDA times every step of the CUDA program per op (cuda.Options.Profile; steps
-	// run eagerly); read it with CUDAModel.Program.Profile.
+	// ProfileCUDA times every step of a CUDA program per op (steps run eagerly); read it
+	// through backend.Profiler on Model.Program.
 	ProfileCUDA bool
 }
 
@@ -57,25 +75,39 @@ func withCacheStage(flags transform.Flags) transform.Flags {
 	return flags
 }
 
-// Model is a loaded checkpoint with its graph and executable.
+// Model is a loaded checkpoint with its graph and executables, on any device and mesh, in
+// one process or as one rank of a world of one process per rank.
 type Model struct {
 	*model.Model
-	// Graph is the graph that runs: the optimized one when an optimizer was given.
+	// Device is the name of the backend that runs the model ("cpu", "cuda").
+	Device string
+	// Graph is the graph that runs (rank 0's on several ranks, or this process's rank's):
+	// the optimized one when LoadOptions.Optimize is set.
 	Graph *graph.Graph
-	// Transforms holds the optimizer's per-transform results (nil without an optimizer).
+	// Transforms holds the optimizer's per-transform results (nil without the optimizer).
 	Transforms []transform.Result
-	// Program is rank 0's executable (the only one on one rank).
-	Program *cpu.Program
-	// Mesh, Graphs and Programs describe a deployment on several ranks (see LoadOptions.Mesh):
-	// one graph and one program per rank, in rank order. Nil on one rank.
+	// Program is rank 0's executable (the only one on one rank), or with one process per
+	// rank this process's rank's. Its powers beyond Run are package backend's interfaces.
+	Program Executable
+	// Mesh and Graphs describe a deployment on several ranks (LoadOptions.Mesh): rank r
+	// runs Graphs[r]. Programs holds one executable per rank, in rank order, when this
+	// process runs them all. Nil on one rank (Programs also with one process per rank).
 	Mesh     dist.Mesh
 	Graphs   []*graph.Graph
-	Programs []*cpu.Program
+	Programs []Executable
+
+	dep *backend.Deployment
+	// proc is set with LoadOptions.Process: this process's rank of the world, connected to
+	// the others by the step transport.
+	proc *process
 }
 
-// Ranks returns the model's ranks for NewRanks: one per rank of the mesh, or the whole graph
-// on the CPU.
+// Ranks returns the model's ranks for NewRanks, in rank order: on several ranks one per
+// rank (the ranks of other processes, on rank 0, as the step transport's remote ranks).
 func (m *Model) Ranks() []Rank {
+	if m.proc != nil && m.proc.leader() {
+		return m.proc.ranks(m)
+	}
 	if len(m.Programs) > 1 {
 		ranks := make([]Rank, len(m.Programs))
 		for r, p := range m.Programs {
@@ -86,40 +118,139 @@ func (m *Model) Ranks() []Rank {
 	return []Rank{{Graph: m.Graph, Exe: m.Program}}
 }
 
-// Load opens the checkpoint in dir, builds its graph and compiles it for the CPU.
+// Executable returns what runs the model as a whole: its program on one rank, else a
+// RankGroup that runs every rank on the same inputs and returns rank 0's outputs (on rank
+// 0 of a world of processes, its program and the other processes' ranks). On a follower
+// (Follower) it returns an executable that fails: rank 0 runs the model.
+func (m *Model) Executable() Executable {
+	if m.proc != nil {
+		if !m.proc.leader() {
+			return followerExe{m.proc.env.Rank}
+		}
+		return rankGroup(m.proc.ranks(m))
+	}
+	if len(m.Programs) > 1 {
+		return rankGroup(m.Ranks())
+	}
+	return m.Program
+}
+
+// Rank is this process's rank: 0 unless the model was loaded as one rank of a world of
+// processes (LoadOptions.Process).
+func (m *Model) Rank() int {
+	if m.proc == nil {
+		return 0
+	}
+	return m.proc.env.Rank
+}
+
+// Follower reports whether this process is a rank other than 0 of a world of processes:
+// it runs Follow instead of an engine.
+func (m *Model) Follower() bool { return m.proc != nil && !m.proc.leader() }
+
+// Follow runs, on a follower, the steps rank 0 sends until rank 0 says goodbye (nil) or is
+// lost (an error naming rank 0; see steps.Follow).
+func (m *Model) Follow(ctx context.Context) error {
+	if !m.Follower() {
+		return errors.New("engine: only a rank other than 0 of a world of processes follows rank 0")
+	}
+	return m.proc.follow(ctx, m)
+}
+
+// Close ends the step transport (rank 0 says goodbye to its followers), frees the
+// executables and what the backend holds (devices, communicators), and closes the
+// checkpoint. Close the engine first.
+func (m *Model) Close() error {
+	var errs []error
+	if m.proc != nil {
+		errs = append(errs, m.proc.close())
+		m.proc = nil
+	}
+	if m.dep != nil {
+		errs = append(errs, m.dep.Close())
+		m.dep = nil
+	}
+	if m.Model != nil {
+		errs = append(errs, m.Model.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Load opens the checkpoint in dir, builds its graph, optimizes it (per rank on a mesh)
+// when opts.Optimize is set, and compiles the ranks this process runs on the device that
+// opts.Device names (see LoadOptions). It is the one way to load a model: every device,
+// every mesh, in one process or as one rank of many.
 func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	start := time.Now()
-	m, g, err := OpenGraph(dir, opts)
+	n := max(opts.Mesh.Size(), 1)
+	if p := opts.Process; p != nil && (n != p.WorldSize || p.WorldSize < 2) {
+		return nil, fmt.Errorf("%s: rank %d: the mesh %q has %d ranks, %s=%d; one process per rank needs them equal and at least 2",
+			dir, p.Rank, opts.Mesh, opts.Mesh.Size(), dist.EnvWorldSize, p.WorldSize)
+	}
+	if n > 1 && !opts.Optimize {
+		return nil, fmt.Errorf("%s: a mesh of %d ranks (%s) needs the optimizer: sharding is a transform", dir, n, opts.Mesh)
+	}
+	device := opts.Device
+	if device == "" {
+		device = "cpu"
+	}
+	b, _, err := backend.Resolve(device, backend.Needs{Mesh: opts.Mesh, PlainGraph: !opts.Optimize, Process: opts.Process, DistBackend: opts.DistBackend})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	mm, g, err := OpenGraph(dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := dist.ResolveBackend(opts.DistBackend, "cpu"); err != nil {
+	m := &Model{Model: mm, Device: b.Name()}
+	fail := func(err error) (*Model, error) {
 		m.Close()
 		return nil, err
 	}
-	if opts.Mesh.Size() > 1 && !opts.Optimize {
-		m.Close()
-		return nil, fmt.Errorf("%s: a mesh of %d ranks (%s) needs the optimizer: sharding is a transform", dir, opts.Mesh.Size(), opts.Mesh)
-	}
-	var results []transform.Result
+	graphs := []*graph.Graph{g}
+	paged := opts.Optimize && !opts.WholeSequences
 	if opts.Optimize {
-		flags := withCacheStage(opts.Transforms)
-		if opts.Mesh.Size() > 1 {
-			return loadRanks(ctx, m, g, dir, &flags, opts.Mesh, start)
+		flags := opts.Transforms
+		if paged {
+			flags = withCacheStage(flags)
 		}
-		g, results, err = Optimize(ctx, &flags, m, g)
+		if n > 1 {
+			graphs, m.Transforms, err = OptimizeRanks(ctx, &flags, mm, g, opts.Mesh)
+		} else {
+			g, m.Transforms, err = Optimize(ctx, &flags, mm, g)
+			graphs = []*graph.Graph{g}
+		}
 		if err != nil {
-			m.Close()
-			return nil, err
+			return fail(err)
 		}
 	}
-	prog, err := cpu.Compile(ctx, g, m.Checkpoint)
+	m.dep, err = b.Deploy(ctx, backend.Spec{
+		Graphs: graphs, Weights: mm.Checkpoint, Mesh: opts.Mesh, Process: opts.Process, ProcessOptions: opts.ProcessOptions,
+		ActivationDType: opts.ActivationDType, Resident: isCacheInput, Capture: paged && !opts.EagerCUDA, Profile: opts.ProfileCUDA,
+	})
 	if err != nil {
-		m.Close()
-		return nil, fmt.Errorf("compile %s: %w", dir, err)
+		return fail(fmt.Errorf("load %s on %s: %w", dir, b.Name(), err))
 	}
-	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "nodes", len(g.Nodes), "time", time.Since(start).Round(time.Millisecond))
-	return &Model{Model: m, Graph: g, Transforms: results, Program: prog}, nil
+	rankGraph := func(r int) *graph.Graph { return graphs[min(r, len(graphs)-1)] }
+	m.Program, m.Graph = m.dep.Programs[0], rankGraph(m.dep.Ranks[0])
+	if n > 1 {
+		m.Mesh = opts.Mesh
+		for r := range n {
+			m.Graphs = append(m.Graphs, rankGraph(r))
+		}
+		if len(m.dep.Programs) > 1 {
+			m.Programs = m.dep.Programs
+		}
+	}
+	slog.Info("model loaded", "dir", dir, "architecture", mm.Config.Architectures[0], "device", b.Name()+": "+m.dep.Device,
+		"ranks", n, "this_process", rankList(m.dep.Ranks), "nodes", len(m.Graph.Nodes), "weight_bytes_rank0", m.dep.WeightBytes,
+		"bytes_read", mm.Checkpoint.BytesRead(), "time", time.Since(start).Round(time.Millisecond))
+	if opts.Process != nil {
+		if m.proc, err = connectRanks(ctx, m, *opts.Process); err != nil {
+			return fail(err)
+		}
+	}
+	return m, nil
 }
 
 // OpenGraph opens the checkpoint in dir, builds its plain graph and checks the graph's params
@@ -154,4 +285,36 @@ func Optimize(ctx context.Context, flags *transform.Flags, m *model.Model, g *gr
 		return nil, results, fmt.Errorf("optimize %s: %w", m.Dir, err)
 	}
 	return graphs[0], results, nil
+}
+
+// isCacheInput reports whether an input is one of the KV caches (kv_cache.<layer>.k/.v)
+// that each rank keeps itself, on its device where its executable can.
+func isCacheInput(name string) bool { return strings.HasPrefix(name, "kv_cache.") }
+
+// cacheInputs names the KV cache inputs of a rank's graph (none for a graph without the
+// cache stage).
+func cacheInputs(g *graph.Graph) []string {
+	var names []string
+	for _, in := range g.Inputs {
+		if isCacheInput(in.Name) {
+			names = append(names, in.Name)
+		}
+	}
+	return names
+}
+
+// rankList writes ranks as "0,1,2".
+func rankList(ranks []int) string {
+	parts := make([]string, len(ranks))
+	for i, r := range ranks {
+		parts[i] = strconv.Itoa(r)
+	}
+	return strings.Join(parts, ",")
+}
+
+// followerExe is Model.Executable on a follower.
+type followerExe struct{ rank int }
+
+func (f followerExe) Run(context.Context, map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	return nil, fmt.Errorf("engine: rank %d follows rank 0; only rank 0 runs the model", f.rank)
 }

@@ -42,12 +42,12 @@ func TestCUDALongContextBF16(t *testing.T) {
 		prompt[i] = rng.IntN(128000)
 	}
 	last := func(act tensor.DType) []float32 {
-		m, err := LoadCUDA(ctx, dir, LoadOptions{Optimize: true, PagedCache: true, ActivationDType: act})
+		m, err := Load(ctx, dir, onCUDA(LoadOptions{Optimize: true, ActivationDType: act}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		e, err := NewCUDA(ctx, m, Options{MaxTokensPerStep: chunk, KVBlocks: promptLen/16 + 8, Logger: quiet})
+		e, err := New(ctx, m, Options{MaxTokensPerStep: chunk, KVBlocks: promptLen/16 + 8, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}

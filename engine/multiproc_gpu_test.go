@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loom-ml/loom/backend/cuda"
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/dist"
-	"github.com/loom-ml/loom/dist/nccl"
+	"github.com/loom-ml/loom/engine/steps"
 	"github.com/loom-ml/loom/internal/parity"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
@@ -32,7 +32,7 @@ const (
 )
 
 // mpNCCL are short timeouts, so that a failure shows within the test's time.
-var mpNCCL = nccl.Options{Timeout: 20 * time.Second, Heartbeat: 100 * time.Millisecond, PeerTimeout: 3 * time.Second}
+var mpNCCL = dist.ProcessOptions{Timeout: 20 * time.Second, Heartbeat: 100 * time.Millisecond, PeerTimeout: 3 * time.Second}
 
 // mpLoadOptions are the tp=2 engine's, with f32 activations (the CPU's numerics).
 func mpLoadOptions(t testing.TB) LoadOptions {
@@ -40,7 +40,7 @@ func mpLoadOptions(t testing.TB) LoadOptions {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return LoadOptions{Optimize: true, PagedCache: true, Mesh: mesh, ActivationDType: tensor.F32}
+	return LoadOptions{Device: "cuda", Optimize: true, Mesh: mesh, ActivationDType: tensor.F32}
 }
 
 // lockedBuffer collects a child's output.
@@ -96,8 +96,8 @@ func spawnRank1(t *testing.T, port int, dir, role string) *rank1 {
 	r := &rank1{out: &lockedBuffer{}, done: make(chan struct{})}
 	r.cmd = exec.Command(os.Args[0], "-test.run=^TestMultiProcFollower$", "-test.v")
 	r.cmd.Env = append(os.Environ(), mpRoleEnv+"="+role, mpModelEnv+"="+dir,
-		nccl.EnvRank+"=1", nccl.EnvWorldSize+"=2", nccl.EnvLocalRank+"=1",
-		nccl.EnvMasterAddr+"=127.0.0.1", nccl.EnvMasterPort+"="+strconv.Itoa(port))
+		dist.EnvRank+"=1", dist.EnvWorldSize+"=2", dist.EnvLocalRank+"=1",
+		dist.EnvMasterAddr+"=127.0.0.1", dist.EnvMasterPort+"="+strconv.Itoa(port))
 	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -130,34 +130,32 @@ func (r *rank1) wait(t *testing.T, d time.Duration) error {
 	}
 }
 
-// startRank0 loads rank 0 of dir at port, connects rank 1 and starts the engine.
+// startRank0 loads rank 0 of dir at port (which connects rank 1) and starts the engine.
 func startRank0(t *testing.T, ctx context.Context, dir string, port int, eo Options) (*Engine, func()) {
 	t.Helper()
-	env := nccl.Env{Rank: 0, WorldSize: 2, LocalRank: 0, MasterAddr: "127.0.0.1", MasterPort: port}
-	m, err := LoadCUDARank(ctx, dir, mpLoadOptions(t), env, mpNCCL)
+	env := dist.ProcessEnv{Rank: 0, WorldSize: 2, LocalRank: 0, MasterAddr: "127.0.0.1", MasterPort: port}
+	m, err := Load(ctx, dir, mpRank(t, env))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := ConnectRanks(ctx, m)
+	e, err := New(ctx, m, eo)
 	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	e, err := p.NewEngine(ctx, eo)
-	if err != nil {
-		p.Close()
 		m.Close()
 		t.Fatal(err)
 	}
 	return e, func() {
 		e.Close()
-		if err := p.Close(); err != nil {
-			t.Logf("close the step transport: %v", err)
-		}
 		if err := m.Close(); err != nil {
-			t.Logf("close rank 0's model: %v", err)
+			t.Logf("close rank 0's model and step transport: %v", err)
 		}
 	}
+}
+
+// mpRank is mpLoadOptions for rank env of a world of processes.
+func mpRank(t testing.TB, env dist.ProcessEnv) LoadOptions {
+	opts := mpLoadOptions(t)
+	opts.Process, opts.ProcessOptions = &env, mpNCCL
+	return opts
 }
 
 // sameUpToTie fails unless got equals want, or first parts from it where the reference's
@@ -201,11 +199,11 @@ func TestMultiProcEngineTP2(t *testing.T) {
 				t.Errorf("rank 1 exited with %v after rank 0's goodbye, want 0", err)
 			}
 
-			m, err := LoadCUDA(ctx, dir, mpLoadOptions(t))
+			m, err := Load(ctx, dir, mpLoadOptions(t))
 			if err != nil {
 				t.Fatal(err)
 			}
-			ie, err := NewCUDA(ctx, m, eo)
+			ie, err := New(ctx, m, eo)
 			if err != nil {
 				m.Close()
 				t.Fatal(err)
@@ -267,26 +265,29 @@ func TestMultiProcRankDies(t *testing.T) {
 
 // dyingRank is rank 1's program that kills its process at its at-th step.
 type dyingRank struct {
-	*cuda.Program
+	Executable
 	at, runs int
 }
 
 func (d *dyingRank) Run(ctx context.Context, in map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
 	d.step()
-	return d.Program.Run(ctx, in)
+	return d.Executable.Run(ctx, in)
 }
 
-// RunDiscard is what a follower calls (runDiscard): it dies there too.
+// RunDiscard is what a follower calls (backend.RunDiscard): it dies there too.
 func (d *dyingRank) RunDiscard(ctx context.Context, in map[string]*tensor.Tensor) error {
 	d.step()
-	return d.Program.RunDiscard(ctx, in)
+	return backend.RunDiscard(ctx, d.Executable, in)
 }
 
 // LaunchStep is what a follower calls for a step launched ahead: it dies there too.
-func (d *dyingRank) LaunchStep(ctx context.Context, in map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (pendingStep, error) {
+func (d *dyingRank) LaunchStep(ctx context.Context, in map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (backend.Pending, error) {
 	d.step()
-	return cudaLauncher{d.Program}.LaunchStep(ctx, in, draws, feed, download)
+	return d.Executable.(backend.Launcher).LaunchStep(ctx, in, draws, feed, download)
 }
+
+// Resident is the program's: the follower keeps its caches on the GPU.
+func (d *dyingRank) Resident() []string { return d.Executable.(backend.Resident).Resident() }
 
 // step counts a run and kills the process at the at-th.
 func (d *dyingRank) step() {
@@ -302,22 +303,20 @@ func TestMultiProcFollower(t *testing.T) {
 	if role == "" {
 		t.Skip("rank 1 of the multi-process tests, which start it")
 	}
-	env, err := nccl.EnvFromOS()
+	env, err := dist.ProcessEnvFromOS()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	m, err := LoadCUDARank(ctx, os.Getenv(mpModelEnv), mpLoadOptions(t), env, mpNCCL)
+	m, err := Load(ctx, os.Getenv(mpModelEnv), mpRank(t, env))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	p, err := ConnectRanks(ctx, m)
-	if err != nil {
-		t.Fatal(err)
+	if !m.Follower() {
+		t.Fatalf("rank %d does not follow", m.Rank())
 	}
-	defer p.Close()
 	if at, ok := strings.CutPrefix(role, "die:"); ok {
 		n, err := strconv.Atoi(at)
 		if err != nil {
@@ -327,9 +326,9 @@ func TestMultiProcFollower(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Fatalf("rank 1 outlived its death at step %d: %v", n, Follow(ctx, &dyingRank{Program: m.Program, at: n}, l.Cache, p.conn))
+		t.Fatalf("rank 1 outlived its death at step %d: %v", n, steps.Follow(ctx, &dyingRank{Executable: m.Program, at: n}, l.Cache, m.proc.conn))
 	}
-	if err := p.Follow(ctx); err != nil {
+	if err := m.Follow(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Log("rank 0 said goodbye")

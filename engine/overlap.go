@@ -7,13 +7,13 @@ import (
 	"runtime/debug"
 	"slices"
 
-	"github.com/loom-ml/loom/backend/cuda"
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
 // Overlapped steps. When every rank can queue a step on its device and collect it later
-// (a stepLauncher) and the step's tokens are chosen on the device, the engine queues step
+// (a backend.Launcher) and the step's tokens are chosen on the device, the engine queues step
 // n+1 before step n's tokens reach the host: step n+1's input_ids are step n's sampled ids,
 // copied on each rank's device (every rank samples the same ids from the same gathered
 // logits and draws). The host's share of a step (scheduling, inputs, launches, delivering
@@ -26,48 +26,15 @@ import (
 // step n+1 computed for nothing: its result is dropped, and its cache blocks, freed at once,
 // are written by that row before any later step (one stream per device) uses them.
 
-// stepLauncher is an Executable that can queue a step and collect it later.
-type stepLauncher interface {
-	// LaunchStep queues a step that samples one token per row of its logits with draws.
-	// With feed, input_ids are the ids the previous LaunchStep sampled (the inputs' own
-	// input_ids only give the shape). With download, Wait returns the ids.
-	LaunchStep(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (pendingStep, error)
+// launcherOf returns exe as a backend.Launcher, or nil.
+func launcherOf(exe Executable) backend.Launcher {
+	l, _ := exe.(backend.Launcher)
+	return l
 }
 
-// pendingStep is a step a stepLauncher queued.
-type pendingStep interface {
-	Wait(ctx context.Context) ([]int32, error)
-}
-
-// cudaLauncher makes a CUDA program a stepLauncher.
-type cudaLauncher struct{ p *cuda.Program }
-
-func (c cudaLauncher) LaunchStep(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (pendingStep, error) {
-	l, err := c.p.Launch(ctx, inputs, cuda.LaunchOptions{Draws: draws, FeedIDs: feed, Download: download})
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// launcherOf returns exe as a stepLauncher, or nil.
-func launcherOf(exe Executable) stepLauncher {
-	switch x := exe.(type) {
-	case *cuda.Program:
-		return cudaLauncher{x}
-	case *remoteRank:
-		if x.launches {
-			return x
-		}
-	case stepLauncher:
-		return x
-	}
-	return nil
-}
-
-// launchers returns every rank's stepLauncher, or nil unless all ranks have one.
-func (rs *rankSet) launchers() []stepLauncher {
-	ls := make([]stepLauncher, len(rs.ranks))
+// launchers returns every rank's backend.Launcher, or nil unless all ranks have one.
+func (rs *rankSet) launchers() []backend.Launcher {
+	ls := make([]backend.Launcher, len(rs.ranks))
 	for r, rank := range rs.ranks {
 		if ls[r] = launcherOf(rank.Exe); ls[r] == nil {
 			return nil
@@ -78,14 +45,14 @@ func (rs *rankSet) launchers() []stepLauncher {
 
 // rankFlight is a step queued on every rank.
 type rankFlight struct {
-	pend []pendingStep
+	pend []backend.Pending
 	errs []error // a rank's failure to queue
 }
 
 // launch queues a step on every rank (concurrently when there are several) with the
 // shared step inputs and each rank's caches. Only rank 0 brings its ids back.
-func (rs *rankSet) launch(ctx context.Context, ls []stepLauncher, shared map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed bool) *rankFlight {
-	f := &rankFlight{pend: make([]pendingStep, len(ls)), errs: make([]error, len(ls))}
+func (rs *rankSet) launch(ctx context.Context, ls []backend.Launcher, shared map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed bool) *rankFlight {
+	f := &rankFlight{pend: make([]backend.Pending, len(ls)), errs: make([]error, len(ls))}
 	eachRank(len(ls), func(r int) {
 		defer func() {
 			if p := recover(); p != nil { // a bug must not take the engine down

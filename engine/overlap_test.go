@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -33,7 +34,7 @@ type asyncStep struct {
 	err  error
 }
 
-func (a *asyncLauncher) LaunchStep(ctx context.Context, in map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (pendingStep, error) {
+func (a *asyncLauncher) LaunchStep(ctx context.Context, in map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, download bool) (backend.Pending, error) {
 	a.mu.Lock()
 	prev, st := a.last, &asyncStep{done: make(chan struct{})}
 	a.last = st

@@ -7,12 +7,8 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"time"
 
-	"github.com/loom-ml/loom/backend"
-	"github.com/loom-ml/loom/backend/cpu"
 	"github.com/loom-ml/loom/dist"
-	"github.com/loom-ml/loom/dist/local"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/tensor"
@@ -65,77 +61,14 @@ func OptimizeRanks(ctx context.Context, flags *transform.Flags, m *model.Model, 
 	return graphs, results, nil
 }
 
-// CompileRanks compiles one CPU program per rank of mesh, each bound to its communicator of
-// a new local world (ranks are goroutines of this process). graphs holds one graph per rank,
-// or one graph that every rank runs. Each rank reads only its own slices of the weights.
-func CompileRanks(ctx context.Context, graphs []*graph.Graph, w backend.Weights, mesh dist.Mesh) ([]*cpu.Program, error) {
-	n := mesh.Size()
-	if len(graphs) != 1 && len(graphs) != n {
-		return nil, fmt.Errorf("%d rank graphs for mesh %q of %d ranks", len(graphs), mesh, n)
+// rankGroup makes a RankGroup of ranks.
+func rankGroup(ranks []Rank) *RankGroup {
+	rg := &RankGroup{}
+	for _, r := range ranks {
+		rg.Ranks = append(rg.Ranks, r.Exe)
+		rg.Graphs = append(rg.Graphs, r.Graph)
 	}
-	comms, err := local.New(n, local.Options{})
-	if err != nil {
-		return nil, err
-	}
-	progs := make([]*cpu.Program, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		g := graphs[0]
-		if len(graphs) == n {
-			g = graphs[r]
-		}
-		wg.Go(func() {
-			progs[r], errs[r] = cpu.CompileWith(ctx, g, w, cpu.Options{Comm: comms[r], Mesh: mesh})
-			if errs[r] != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return progs, nil
-}
-
-// loadRanks is Load for a mesh of several ranks: flags are Load's, runtime settings included.
-func loadRanks(ctx context.Context, m *model.Model, g *graph.Graph, dir string, flags *transform.Flags, mesh dist.Mesh, start time.Time) (*Model, error) {
-	graphs, results, err := OptimizeRanks(ctx, flags, m, g, mesh)
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	progs, err := CompileRanks(ctx, graphs, m.Checkpoint, mesh)
-	if err != nil {
-		m.Close()
-		return nil, fmt.Errorf("compile %s: %w", dir, err)
-	}
-	rankGraphs := make([]*graph.Graph, len(progs))
-	for r, p := range progs {
-		rankGraphs[r] = p.Graph()
-	}
-	slog.Info("model loaded", "dir", dir, "architecture", m.Config.Architectures[0], "mesh", mesh.String(),
-		"ranks", len(progs), "nodes", len(rankGraphs[0].Nodes), "bytes_read", m.Checkpoint.BytesRead(), "time", time.Since(start).Round(time.Millisecond))
-	return &Model{Model: m, Graph: rankGraphs[0], Transforms: results, Program: progs[0], Mesh: mesh, Graphs: rankGraphs, Programs: progs}, nil
-}
-
-// Executable returns what runs the model as a whole: its program on one rank, else a
-// RankGroup that runs every rank on the same inputs and returns rank 0's outputs.
-func (m *Model) Executable() Executable {
-	if len(m.Programs) > 1 {
-		return newRankGroup(m.Programs, m.Graphs)
-	}
-	return m.Program
-}
-
-// newRankGroup makes a RankGroup of one executable per rank.
-func newRankGroup[E Executable](progs []E, graphs []*graph.Graph) *RankGroup {
-	exes := make([]Executable, len(progs))
-	for r, p := range progs {
-		exes[r] = p
-	}
-	return &RankGroup{Ranks: exes, Graphs: graphs}
+	return rg
 }
 
 // RankGroup runs the ranks of a deployment together as one Executable: every rank gets the
@@ -172,7 +105,7 @@ func (rg *RankGroup) Run(ctx context.Context, inputs map[string]*tensor.Tensor) 
 		if r > 0 {
 			ins[r] = make(map[string]*tensor.Tensor, len(inputs))
 			for k, v := range inputs {
-				if strings.HasPrefix(k, "kv_cache.") {
+				if isCacheInput(k) {
 					v = v.Clone() // the cache is the rank's own
 				}
 				ins[r][k] = v

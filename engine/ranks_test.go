@@ -55,7 +55,7 @@ func TestHuggingFaceParityTP(t *testing.T) {
 				if got := len(m.Ranks()); got != tp {
 					t.Fatalf("%d ranks, want %d", got, tp)
 				}
-				if got := m.Program.Ranks(); got != tp {
+				if got := m.Program.(*cpu.Program).Ranks(); got != tp {
 					t.Errorf("the program needs %d ranks, want %d", got, tp)
 				}
 				exe := m.Executable()
@@ -73,7 +73,7 @@ func TestHuggingFaceParityTP(t *testing.T) {
 // concurrently; it returns each rank's logits [S*vocab].
 func runOn(t *testing.T, graphs []*graph.Graph, w *model.Checkpoint, mesh dist.Mesh, ids [][]int) [][]float32 {
 	t.Helper()
-	progs, err := CompileRanks(context.Background(), graphs, w, mesh)
+	progs, err := cpu.CompileRanks(context.Background(), graphs, w, mesh)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/dist"
+	"github.com/loom-ml/loom/engine/steps"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
-	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -66,8 +67,9 @@ type follower struct {
 }
 
 // startWorld connects rank 0 to len(exes) followers (ranks 1, 2, ...) over TCP on
-// 127.0.0.1, each following with its executable and spec until the test ends.
-func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcache.Spec) ([]*remoteRank, []*follower) {
+// 127.0.0.1 through the step transport, each following with its executable and spec until
+// the test ends.
+func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcache.Spec) ([]*steps.Remote, []*follower) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -75,22 +77,22 @@ func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcac
 	}
 	defer ln.Close()
 	n := len(exes) + 1
-	accepted := make(chan []*remoteRank, 1)
+	accepted := make(chan []*steps.Remote, 1)
 	acceptErr := make(chan error, 1)
 	go func() {
-		rrs, err := acceptFollowers(ctx, ln, n)
+		rrs, err := steps.Accept(ctx, ln, n)
 		acceptErr <- err
 		accepted <- rrs
 	}()
 	fs := make([]*follower, len(exes))
 	for i, exe := range exes {
-		conn, err := dialRank0(ctx, ln.Addr().String(), i+1, n, uint64(100+i), launcherOf(exe) != nil)
+		conn, err := steps.Dial(ctx, ln.Addr().String(), i+1, n, uint64(100+i), launcherOf(exe) != nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		f := &follower{conn: conn, done: make(chan error, 1)}
 		fs[i] = f
-		go func() { f.done <- Follow(ctx, exe, spec, conn) }()
+		go func() { f.done <- steps.Follow(ctx, exe, spec, conn) }()
 		t.Cleanup(func() { conn.Close() })
 	}
 	if err := <-acceptErr; err != nil {
@@ -98,10 +100,10 @@ func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcac
 	}
 	rrs := <-accepted
 	for i, rr := range rrs {
-		if rr.rank != i+1 || rr.free != uint64(100+i) {
-			t.Fatalf("follower %d: rank %d, free %d", i, rr.rank, rr.free)
+		if rr.Rank() != i+1 || rr.Free() != uint64(100+i) {
+			t.Fatalf("follower %d: rank %d, free %d", i, rr.Rank(), rr.Free())
 		}
-		rr.resident = []string{"kv_cache.0.k", "kv_cache.0.v"}
+		rr.SetResident([]string{"kv_cache.0.k", "kv_cache.0.v"})
 		t.Cleanup(func() { rr.Close() })
 	}
 	return rrs, fs
@@ -109,15 +111,15 @@ func startWorld(t *testing.T, ctx context.Context, exes []Executable, spec kvcac
 
 // newTestRankSet is a rankSet of rank 0's executable and the remote ranks, with a cache
 // of blocks blocks per rank as the engine makes them (shape-only for the remote ranks).
-func newTestRankSet(t *testing.T, rank0 Executable, rrs []*remoteRank, blocks int) *rankSet {
+func newTestRankSet(t *testing.T, rank0 Executable, rrs []*steps.Remote, blocks int) *rankSet {
 	t.Helper()
 	rs := &rankSet{ranks: []Rank{{Exe: rank0}}}
 	for _, rr := range rrs {
-		rs.ranks = append(rs.ranks, Rank{Exe: rr})
+		rs.ranks = append(rs.ranks, Rank{Exe: rr.Executable()})
 	}
 	for _, r := range rs.ranks {
 		newCache := kvcache.NewCache
-		if keepsCache(r.Exe, testSpec) {
+		if backend.Keeps(r.Exe, cacheNames(testSpec)) {
 			newCache = kvcache.NewCacheShapes
 		}
 		c, err := newCache(testSpec, blocks)
@@ -169,7 +171,7 @@ func TestRemoteGreedyRecompute(t *testing.T) {
 	f := &fakeRank{}
 	rrs, _ := startWorld(t, ctx, []Executable{f}, kvcache.Spec{})
 	rank0 := &fakeRank{vocab: 5}
-	res, err := GreedyRecompute(ctx, &RankGroup{Ranks: []Executable{rank0, rrs[0]}, Graphs: []*graph.Graph{{Name: "whole-sequence"}}}, []int{1, 2, 3}, 3)
+	res, err := GreedyRecompute(ctx, &RankGroup{Ranks: []Executable{rank0, rrs[0].Executable()}, Graphs: []*graph.Graph{{Name: "whole-sequence"}}}, []int{1, 2, 3}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,294 +336,6 @@ func TestRemoteFollowerDisconnect(t *testing.T) {
 	}
 }
 
-// Rank 0's goodbye ends its followers' loops with nil; a rank 0 that vanishes without one
-// (it died) ends them with an error naming rank 0.
-func TestRemoteRank0Ends(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		end     func(rr *remoteRank)
-		wantErr string
-	}{
-		{"goodbye", func(rr *remoteRank) { rr.Close() }, ""},
-		{"died", func(rr *remoteRank) { rr.conn.Close() }, "rank 0 closed the step connection without a goodbye after 1 steps"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
-			rrs, fs := startWorld(t, ctx, []Executable{&fakeRank{}, &fakeRank{}}, testSpec)
-			rs := newTestRankSet(t, &fakeRank{vocab: 2}, rrs, 8)
-			if _, err := rs.run(ctx, testSteps(t, 8)[0]); err != nil {
-				t.Fatal(err)
-			}
-			for _, rr := range rrs {
-				tc.end(rr)
-			}
-			for r, f := range fs {
-				select {
-				case err := <-f.done:
-					if tc.wantErr == "" && err != nil {
-						t.Errorf("rank %d: %v, want nil after rank 0's goodbye", r+1, err)
-					}
-					if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-						t.Errorf("rank %d: %v, want %q", r+1, err, tc.wantErr)
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatalf("rank %d still follows", r+1)
-				}
-			}
-		})
-	}
-}
-
-// A context that ends stops rank 0's wait for a follower (the next step first drops the
-// abandoned step's reply), and a follower's wait for rank 0; a follower silent past the
-// timeout fails the step.
-func TestRemoteContext(t *testing.T) {
-	t.Run("rank 0 cancelled", func(t *testing.T) {
-		ctx := testCtx(t)
-		slow := &fakeRank{hook: func(ctx context.Context, run int) error {
-			time.Sleep(2 * time.Second)
-			return nil
-		}}
-		rrs, _ := startWorld(t, ctx, []Executable{slow}, testSpec)
-		step := testSteps(t, 8)[0]
-		step["kv_cache.0.k"] = &tensor.Tensor{DType: tensor.F32, Shape: []int{8, 4, 1, 2}}
-		runCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		_, err := rrs[0].Run(runCtx, step)
-		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
-			t.Errorf("Run with an ending context: %v after %v", err, time.Since(start))
-		}
-		if _, err := rrs[0].Run(ctx, step); err != nil {
-			t.Errorf("Run after a cancelled step: %v", err)
-		}
-		if rrs[0].step != 2 || len(rrs[0].sent) != 0 {
-			t.Errorf("after the abandoned step 1 and step 2: step %d, replies owed for %v", rrs[0].step, rrs[0].sent)
-		}
-	})
-	t.Run("reply timeout", func(t *testing.T) {
-		ctx := testCtx(t)
-		slow := &fakeRank{hook: func(ctx context.Context, run int) error {
-			time.Sleep(time.Second)
-			return nil
-		}}
-		rrs, _ := startWorld(t, ctx, []Executable{slow}, testSpec)
-		rrs[0].timeout = 100 * time.Millisecond
-		step := testSteps(t, 8)[0]
-		if _, err := rrs[0].Run(ctx, step); err == nil || !strings.Contains(err.Error(), "no reply from the follower within 100ms") {
-			t.Errorf("Run past the timeout: %v", err)
-		}
-	})
-	t.Run("follower cancelled", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(testCtx(t))
-		_, fs := startWorld(t, ctx, []Executable{&fakeRank{}}, testSpec)
-		time.AfterFunc(50*time.Millisecond, cancel)
-		select {
-		case err := <-fs[0].done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Follow after its context ended: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("Follow did not return when its context ended")
-		}
-	})
-}
-
-// Rank 0 takes each follower once, of its world's size; a wrong world is refused on both
-// sides, a stranger's connection is dropped, and a missing rank is named when the wait ends.
-func TestRemoteHandshake(t *testing.T) {
-	hello := func(ctx context.Context, addr string, rank, size int) error {
-		conn, err := dialRank0(ctx, addr, rank, size, 0, false)
-		if conn != nil {
-			t.Cleanup(func() { conn.Close() })
-		}
-		return err
-	}
-	for _, tc := range []struct {
-		name     string
-		dial     func(ctx context.Context, addr string) []error // the followers
-		wantRank string                                         // rank 0's error, "" for success
-		wantDial string                                         // the last dial's error
-	}{
-		{"ok after a stranger", func(ctx context.Context, addr string) []error {
-			c, err := net.Dial("tcp", addr)
-			if err == nil {
-				c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
-				c.Close()
-			}
-			return []error{hello(ctx, addr, 2, 3), hello(ctx, addr, 1, 3)}
-		}, "", ""},
-		{"world size", func(ctx context.Context, addr string) []error {
-			return []error{hello(ctx, addr, 1, 4)}
-		}, "rank 1 belongs to a world of 4 ranks, rank 0's has 3", "refused this rank"},
-		{"twice", func(ctx context.Context, addr string) []error {
-			return []error{hello(ctx, addr, 1, 3), hello(ctx, addr, 1, 3)}
-		}, "says it is rank 1, which is not a follower", "refused this rank"},
-		{"rank 0", func(ctx context.Context, addr string) []error {
-			return []error{hello(ctx, addr, 0, 3)}
-		}, "says it is rank 0", "refused this rank"},
-		{"missing", func(ctx context.Context, addr string) []error {
-			return []error{hello(ctx, addr, 2, 3)}
-		}, "waiting for rank(s) 1 to connect", ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			defer cancel()
-			got := make(chan error, 1)
-			go func() {
-				rrs, err := acceptFollowers(ctx, ln, 3)
-				for _, rr := range rrs {
-					rr.conn.Close()
-				}
-				got <- err
-			}()
-			errs := tc.dial(ctx, ln.Addr().String())
-			err = <-got
-			if (tc.wantRank == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantRank)) {
-				t.Errorf("rank 0: %v, want %q", err, tc.wantRank)
-			}
-			last := errs[len(errs)-1]
-			if (tc.wantDial == "") != (last == nil) || (last != nil && !strings.Contains(last.Error(), tc.wantDial)) {
-				t.Errorf("follower: %v, want %q", last, tc.wantDial)
-			}
-		})
-	}
-}
-
-// A follower waiting for a rank 0 that never listens gives up when its context ends,
-// naming the address.
-func TestRemoteDialTimeout(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if _, err := dialRank0(ctx, addr, 1, 2, 0, false); err == nil || !strings.Contains(err.Error(), "rank 1: connect to rank 0 at "+addr) {
-		t.Errorf("dial with nobody listening: %v", err)
-	}
-}
-
-// Steps carry i32, i64 and f32 inputs exactly and the caches as a block count; what
-// cannot travel is an error naming the input.
-func TestStepCodec(t *testing.T) {
-	in := map[string]*tensor.Tensor{
-		"input_ids":    tensor.FromI32([]int32{1, -2, 3}, 1, 3),
-		"wide":         {DType: tensor.I64, Shape: []int{2}, I64: []int64{-1 << 40, 7}},
-		"scale":        tensor.FromF32([]float32{0.5, -3}, 2),
-		"empty":        tensor.FromI32(nil, 0, 4),
-		"kv_cache.0.k": {DType: tensor.BF16, Shape: []int{17, 4, 1, 2}},
-	}
-	b, err := encodeStep(42, in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := decodeStep(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.step != 42 || m.blocks != 17 || len(m.inputs) != 4 {
-		t.Fatalf("decoded step %d, %d blocks, %d inputs", m.step, m.blocks, len(m.inputs))
-	}
-	for name, w := range in {
-		if isCacheInput(name) {
-			continue
-		}
-		if g := m.inputs[name]; g == nil || !sameTensor(g, w) {
-			t.Errorf("%s: %+v, want %+v", name, g, w)
-		}
-	}
-	for _, tc := range []struct {
-		name string
-		t    *tensor.Tensor
-		want string
-	}{
-		{"bf16", &tensor.Tensor{DType: tensor.BF16, Shape: []int{1}, Half: []uint16{1}}, `input "bf16" (bf16[1]) cannot be sent`},
-		{"shape only", &tensor.Tensor{DType: tensor.I32, Shape: []int{3}}, `input "shape only" (i32[3]) cannot be sent`},
-	} {
-		if _, err := encodeStep(1, map[string]*tensor.Tensor{tc.name: tc.t}); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
-		}
-	}
-	for cut := range len(b) {
-		if _, err := decodeStep(b[:cut]); err == nil {
-			t.Fatalf("a step cut to %d of %d bytes decoded", cut, len(b))
-		}
-	}
-	draws := []sample.DeviceDraw{{}, {Temperature: 0.7, TopP: 0.9, MinP: 0.05, TopK: 40, Seed: 1 << 60, Counter: 9}}
-	lb, err := encodeLaunch(43, in, draws, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lm, err := decodeLaunch(lb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lm.step != 43 || lm.blocks != 17 || len(lm.inputs) != 4 || !lm.feed || !slices.Equal(lm.draws, draws) {
-		t.Fatalf("decoded launch: step %d, %d blocks, %d inputs, feed %v, draws %+v", lm.step, lm.blocks, len(lm.inputs), lm.feed, lm.draws)
-	}
-	for cut := range len(lb) {
-		if _, err := decodeLaunch(lb[:cut]); err == nil {
-			t.Fatalf("a launch cut to %d of %d bytes decoded", cut, len(lb))
-		}
-	}
-	bad := slices.Clone(lb)
-	bad[0] = 2
-	if _, err := decodeLaunch(bad); err == nil || !strings.Contains(err.Error(), "feed flag 2") {
-		t.Errorf("feed flag 2: %v", err)
-	}
-}
-
-// FuzzDecodeLaunch: no payload makes the launch decoder panic, and what it accepts holds
-// as many draws as it says.
-func FuzzDecodeLaunch(f *testing.F) {
-	in := map[string]*tensor.Tensor{"input_ids": tensor.FromI32([]int32{1, 2}, 1, 2)}
-	for _, feed := range []bool{false, true} {
-		b, err := encodeLaunch(7, in, make([]sample.DeviceDraw, 2), feed)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeLaunch(b)
-		if err == nil && len(b) < 5+drawBytes*len(m.draws) {
-			t.Errorf("%d draws decoded from %d bytes", len(m.draws), len(b))
-		}
-	})
-}
-
-// A follower that cannot launch steps ahead (it said so in its hello, and the engine never
-// asks it) answers a launch with an error naming why, and runs the next step all the same.
-func TestRemoteLaunchUnsupported(t *testing.T) {
-	ctx := testCtx(t)
-	rrs, _ := startWorld(t, ctx, []Executable{&fakeRank{}}, testSpec)
-	if rrs[0].launches || launcherOf(rrs[0]) != nil {
-		t.Fatal("a follower without a stepLauncher says it launches")
-	}
-	steps := testSteps(t, 8)
-	for _, st := range steps {
-		st["kv_cache.0.k"] = &tensor.Tensor{DType: tensor.F32, Shape: []int{8, 4, 1, 2}} // the blocks travel
-	}
-	pend, err := rrs[0].LaunchStep(ctx, steps[0], nil, false, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pend.Wait(ctx); err == nil || !strings.Contains(err.Error(), "cannot launch steps ahead") {
-		t.Errorf("launch on a follower that cannot: %v", err)
-	}
-	if _, err := rrs[0].Run(ctx, steps[1]); err != nil {
-		t.Errorf("the next step: %v", err)
-	}
-}
-
 // The engine with rank 1 of a tp=2 CPU deployment behind the step transport (its program
 // following in another goroutine, as it would in another process; the collectives meet
 // through the in-process communicators) generates the tokens of the in-process tp=2
@@ -659,8 +373,8 @@ func TestRemoteEngineCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	rrs, fs := startWorld(t, ctx, []Executable{m.Programs[1]}, l1.Cache)
-	rrs[0].resident = cacheInputs(m.Graphs[1])
-	e, err := NewRanks(ctx, []Rank{{Graph: m.Graphs[0], Exe: m.Programs[0]}, {Graph: m.Graphs[1], Exe: rrs[0]}},
+	rrs[0].SetResident(cacheInputs(m.Graphs[1]))
+	e, err := NewRanks(ctx, []Rank{{Graph: m.Graphs[0], Exe: m.Programs[0]}, {Graph: m.Graphs[1], Exe: rrs[0].Executable()}},
 		ModelInfo{Name: dir, MaxPositions: m.Config.MaxPositionEmbeddings}, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -680,11 +394,11 @@ func TestRemoteEngineCPU(t *testing.T) {
 	// same ids as rank 0 and feeds its next step from them.
 	l0, a1 := &asyncLauncher{Executable: m.Programs[0]}, &asyncLauncher{Executable: m.Programs[1]}
 	rrs, fs = startWorld(t, ctx, []Executable{a1}, l1.Cache)
-	rrs[0].resident = cacheInputs(m.Graphs[1])
-	if !rrs[0].launches {
-		t.Fatal("the follower with a stepLauncher does not say it launches")
+	rrs[0].SetResident(cacheInputs(m.Graphs[1]))
+	if !rrs[0].Launches() || launcherOf(rrs[0].Executable()) == nil {
+		t.Fatal("the follower with a backend.Launcher does not say it launches")
 	}
-	e, err = NewRanks(ctx, []Rank{{Graph: m.Graphs[0], Exe: l0}, {Graph: m.Graphs[1], Exe: rrs[0]}},
+	e, err = NewRanks(ctx, []Rank{{Graph: m.Graphs[0], Exe: l0}, {Graph: m.Graphs[1], Exe: rrs[0].Executable()}},
 		ModelInfo{Name: dir, MaxPositions: m.Config.MaxPositionEmbeddings}, opts)
 	if err != nil {
 		t.Fatal(err)

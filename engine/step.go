@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/tensor"
@@ -172,9 +173,9 @@ type rankSet struct {
 // run runs one step on every rank, concurrently when there are several, and returns rank
 // 0's logits f32[1,S,vocab]. shared holds the step inputs every rank gets; each rank adds
 // its own caches. Only rank 0's outputs are read: the other ranks may return none (a rank
-// in another process, see remoteRank). When a rank fails, the others are cancelled, so that
-// none waits for it in a collective. (Steps whose tokens the devices choose are launched and
-// waited for instead: launch and wait in overlap.go.)
+// in another process, see steps.Remote). When a rank fails, the others are cancelled, so
+// that none waits for it in a collective. (Steps whose tokens the devices choose are
+// launched and waited for instead: launch and wait in overlap.go.)
 func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*tensor.Tensor, error) {
 	parent, cancel := ctx, context.CancelFunc(func() {})
 	if len(rs.ranks) > 1 {
@@ -186,7 +187,7 @@ func (rs *rankSet) run(ctx context.Context, shared map[string]*tensor.Tensor) (*
 	eachRank(len(rs.ranks), func(r int) {
 		in := rs.rankInputs(r, shared)
 		if r > 0 {
-			errs[r] = runDiscard(ctx, rs.ranks[r].Exe, in)
+			errs[r] = backend.RunDiscard(ctx, rs.ranks[r].Exe, in)
 		} else {
 			outs[r], errs[r] = rs.ranks[r].Exe.Run(ctx, in)
 		}

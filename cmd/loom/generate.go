@@ -2,17 +2,18 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/tokenizer"
 	"github.com/loom-ml/loom/transform"
@@ -66,52 +67,29 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 			if err != nil {
 				return err
 			}
-			dev, err := pickDevice(device, noOptimize, mesh.Size())
+			dev, err := pickDevice(device, noOptimize, mesh, ranks.distBackend)
 			if err != nil {
 				return err
 			}
-			var (
-				exe   engine.Executable
-				vocab int
-				eos   []int
-			)
-			env, multi, err := processEnv(os.LookupEnv)
-			if err == nil && multi {
-				err = checkProcessWorld(env, mesh, dev)
+			// GreedyRecompute runs the graph over the whole sequence at every token: on CUDA the
+			// optimized graph without the cache stage, on the CPU the paged graph as one
+			// prefill over a fresh cache (recomputeInputs).
+			opts := engine.LoadOptions{
+				Device: dev.Name(), Optimize: !noOptimize, WholeSequences: dev.Name() == "cuda",
+				Transforms: transforms, Mesh: mesh, DistBackend: ranks.distBackend,
 			}
+			if err := withProcessEnv(&opts, dev); err != nil {
+				return err
+			}
+			m, err := loadWithProgress(cmd, dir, opts)
 			if err != nil {
 				return err
 			}
-			lopts := engine.LoadOptions{Optimize: !noOptimize, Transforms: transforms, Mesh: mesh, DistBackend: ranks.distBackend}
-			if multi {
-				m, p, err := loadRank(cmd, dir, lopts, env)
-				if err != nil {
-					return err
-				}
-				if !p.Leader() {
-					return follow(p, m)
-				}
-				defer m.Close()
-				defer p.Close()
-				if exe, err = p.Executable(); err != nil {
-					return err
-				}
-				vocab, eos = m.Config.VocabSize, m.EOSTokenIDs()
-			} else if dev == engine.DeviceCUDA {
-				m, err := engine.LoadCUDA(cmd.Context(), dir, lopts)
-				if err != nil {
-					return err
-				}
-				defer m.Close()
-				exe, vocab, eos = m.Executable(), m.Config.VocabSize, m.EOSTokenIDs()
-			} else {
-				m, err := loadOnMesh(cmd, dir, !noOptimize, transforms, mesh, ranks.distBackend)
-				if err != nil {
-					return err
-				}
-				defer m.Close()
-				exe, vocab, eos = m.Executable(), m.Config.VocabSize, m.EOSTokenIDs()
+			if m.Follower() {
+				return follow(m)
 			}
+			defer m.Close()
+			exe, vocab, eos := m.Executable(), m.Config.VocabSize, m.EOSTokenIDs()
 			for _, id := range ids {
 				if id >= vocab {
 					return fmt.Errorf("prompt: token id %d is outside the vocabulary (size %d)", id, vocab)
@@ -163,32 +141,21 @@ encoded with the tokenizer's special tokens). Prints the new ids, or with --prom
 	return cmd
 }
 
-// pickDevice resolves --device and logs the device picked and why. auto takes the CPU for
-// what the CUDA backend does not run: the plain graph (--no-optimize), and meshes of more
-// ranks than the machine has GPUs; --device cuda with the plain graph, or without a usable
-// GPU, is an error (and LoadCUDA refuses a mesh larger than the GPUs).
-func pickDevice(flag string, noOptimize bool, ranks int) (engine.Device, error) {
-	d, err := engine.ParseDevice(flag)
+// pickDevice resolves --device (backend.Resolve, the one device resolver) and logs the
+// device picked and why. auto takes the CPU for what the CUDA backend does not run: the
+// plain graph (--no-optimize), meshes of more ranks than the machine has GPUs, the local
+// communicator; --device cuda with the plain graph, or without a usable GPU, or with too
+// few GPUs for the mesh, is an error.
+func pickDevice(flag string, noOptimize bool, mesh dist.Mesh, distBackend string) (backend.Backend, error) {
+	b, reason, err := backend.Resolve(flag, backend.Needs{Mesh: mesh, PlainGraph: noOptimize, DistBackend: distBackend})
+	if errors.Is(err, backend.ErrPlainGraph) {
+		return nil, fmt.Errorf("--device: %w; drop --no-optimize", err)
+	}
 	if err != nil {
-		return "", fmt.Errorf("--device: %w", err)
+		return nil, fmt.Errorf("--device: %w", err)
 	}
-	var reason string
-	switch {
-	case d == engine.DeviceAuto && noOptimize:
-		d, reason = engine.DeviceCPU, "auto: the plain graph (--no-optimize) runs on the CPU only"
-	case d == engine.DeviceCUDA && noOptimize:
-		return "", fmt.Errorf("--device cuda runs the optimized graph: the plain graph has ops without CUDA kernels; drop --no-optimize")
-	default:
-		auto := d == engine.DeviceAuto
-		if d, reason, err = engine.ResolveDevice(d); err != nil {
-			return "", fmt.Errorf("--device: %w", err)
-		}
-		if n, err := cubind.DeviceCount(); auto && d == engine.DeviceCUDA && ranks > 1 && (err != nil || n < ranks) {
-			d, reason = engine.DeviceCPU, fmt.Sprintf("auto: a mesh of %d ranks, %d GPUs", ranks, n)
-		}
-	}
-	slog.Info("device picked", "device", string(d), "reason", reason)
-	return d, nil
+	slog.Info("device picked", "device", b.Name(), "reason", reason)
+	return b, nil
 }
 
 // printText prints the text of ids up to the first end-of-sequence id, special tokens left

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/internal/gputest"
 )
 
@@ -30,7 +30,11 @@ func TestGenerateDevice(t *testing.T) {
 		t.Errorf("--device cuda --no-optimize: error = %v", err)
 	}
 	cudaOut, _, err := run(t, append(args, "--device", "cuda")...)
-	if avail := cubind.Available(); avail != nil {
+	cuda, ok := backend.Lookup("cuda")
+	if !ok {
+		t.Fatal("backend cuda is not registered")
+	}
+	if _, avail := cuda.Devices(); avail != nil {
 		if err == nil || !strings.Contains(err.Error(), "no GPU can be used") {
 			t.Errorf("--device cuda without a GPU: error = %v, want one saying no GPU can be used", err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	_ "github.com/loom-ml/loom/backend/all" // every backend: --device cpu, cuda and auto
 	"github.com/loom-ml/loom/transform"
 )
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/engine"
-	"github.com/loom-ml/loom/transform"
 )
 
 // meshFlags are --world-size and --mesh: the ranks a model is deployed on. On the CPU the
@@ -32,16 +31,4 @@ func (f meshFlags) resolve() (dist.Mesh, error) {
 		return dist.Mesh{}, fmt.Errorf("--world-size/--mesh: %w", err)
 	}
 	return m, nil
-}
-
-// loadOnMesh loads the model in dir on mesh: loadModel on one rank, else every rank's
-// program (rank 0's executable runs them all; see engine.Model.Executable).
-func loadOnMesh(cmd *cobra.Command, dir string, optimize bool, flags transform.Flags, mesh dist.Mesh, distBackend string) (*engine.Model, error) {
-	if _, err := dist.ResolveBackend(distBackend, "cpu"); err != nil {
-		return nil, fmt.Errorf("--dist-backend: %w", err)
-	}
-	if mesh.Size() <= 1 {
-		return loadModel(cmd, dir, optimize, flags)
-	}
-	return engine.Load(cmd.Context(), dir, engine.LoadOptions{Optimize: optimize, Transforms: flags, Mesh: mesh, DistBackend: distBackend})
 }

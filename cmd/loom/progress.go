@@ -15,7 +15,6 @@ import (
 
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/model"
-	"github.com/loom-ml/loom/transform"
 )
 
 // isTerminal reports whether w is a terminal (a character device other than /dev/null).
@@ -108,11 +107,6 @@ func (h progressHandler) WithGroup(name string) slog.Handler {
 // Enabled lets every record through so that the bar sees the summaries even when the log
 // level hides them.
 func (h progressHandler) Enabled(context.Context, slog.Level) bool { return true }
-
-// loadModel loads and compiles the model in dir on one rank, with loadWithProgress.
-func loadModel(cmd *cobra.Command, dir string, optimize bool, flags transform.Flags) (*engine.Model, error) {
-	return loadWithProgress(cmd, dir, engine.LoadOptions{Optimize: optimize, Transforms: flags})
-}
 
 // loadWithProgress loads and compiles the model in dir. On a terminal (stderr) it shows a
 // progress bar while it works; elsewhere it is quiet apart from the logs.

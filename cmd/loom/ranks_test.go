@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/dist"
-	"github.com/loom-ml/loom/dist/nccl"
 	"github.com/loom-ml/loom/engine"
 )
 
@@ -53,7 +53,7 @@ func TestProcessEnv(t *testing.T) {
 }
 
 func TestCheckProcessWorld(t *testing.T) {
-	env := nccl.Env{Rank: 0, WorldSize: 2}
+	env := dist.ProcessEnv{Rank: 0, WorldSize: 2}
 	mesh := func(s string) dist.Mesh {
 		m, err := engine.MeshFor(0, s)
 		if err != nil {
@@ -64,16 +64,20 @@ func TestCheckProcessWorld(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		mesh    dist.Mesh
-		dev     engine.Device
+		dev     string
 		wantErr string
 	}{
-		{"tp=2 on cuda", mesh("tp=2"), engine.DeviceCUDA, ""},
-		{"no mesh", dist.Mesh{}, engine.DeviceCUDA, "WORLD_SIZE=2 (loom launch --nproc), but --world-size/--mesh give 1 rank(s)"},
-		{"larger mesh", mesh("tp=2,dp=2"), engine.DeviceCUDA, "give 4 rank(s): pass --world-size 2"},
-		{"cpu", mesh("tp=2"), engine.DeviceCPU, "one process per rank runs on CUDA, not --device cpu"},
+		{"tp=2 on cuda", mesh("tp=2"), "cuda", ""},
+		{"no mesh", dist.Mesh{}, "cuda", "WORLD_SIZE=2 (loom launch --nproc), but --world-size/--mesh give 1 rank(s)"},
+		{"larger mesh", mesh("tp=2,dp=2"), "cuda", "give 4 rank(s): pass --world-size 2"},
+		{"cpu", mesh("tp=2"), "cpu", "one process per rank runs on CUDA, not --device cpu"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkProcessWorld(env, tc.mesh, tc.dev)
+			dev, ok := backend.Lookup(tc.dev)
+			if !ok {
+				t.Fatalf("backend %s is not registered", tc.dev)
+			}
+			err := checkProcessWorld(env, tc.mesh, dev)
 			if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Errorf("error = %v, want %q", err, tc.wantErr)
 			}

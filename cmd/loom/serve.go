@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
-	"github.com/loom-ml/loom/backend/cuda"
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/server"
@@ -55,76 +54,64 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 
 // start loads the model in dir on the device the flags pick and starts an engine on it.
 // The caller closes the engine, then calls done to release the model. In a multi-process
-// world (WORLD_SIZE > 1, see startRank) rank 0 gets its engine; the other ranks follow it
-// and exit without returning.
+// world (WORLD_SIZE > 1, see processEnv) this process loads its own rank only; rank 0 gets
+// its engine, the other ranks follow it and exit without returning (see startFollower).
 func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*model.Model, *engine.Engine, func() error, error) {
 	mesh, err := e.ranks.resolve()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	dev, err := pickDevice(e.device, e.noOptimize, mesh.Size())
+	dev, err := pickDevice(e.device, e.noOptimize, mesh, e.ranks.distBackend)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	act, err := activationDType(e.dtype, dev)
+	act, err := activationDType(e.dtype, dev.Name())
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	opts := engine.LoadOptions{
-		Optimize: !e.noOptimize, Transforms: e.transforms, Mesh: mesh, DistBackend: e.ranks.distBackend,
-		ActivationDType: act, PagedCache: true, ProfileCUDA: e.cudaProfile,
+		Device: dev.Name(), Optimize: !e.noOptimize, Transforms: e.transforms, Mesh: mesh, DistBackend: e.ranks.distBackend,
+		ActivationDType: act, ProfileCUDA: e.cudaProfile,
 	}
 	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
 		QueueOnFull: queueOnFull, MaxQueue: maxQueue, SyncSteps: e.syncSteps,
 	}
-	if env, multi, err := processEnv(os.LookupEnv); err != nil {
+	if err := withProcessEnv(&opts, dev); err != nil {
 		return nil, nil, nil, err
-	} else if multi {
-		if err := checkProcessWorld(env, mesh, dev); err != nil {
-			return nil, nil, nil, err
-		}
-		return e.startRank(cmd, dir, env, opts, eopts)
-	}
-	// The engine outlives the command's context: a signal must let it drain, not kill it.
-	ctx := context.WithoutCancel(cmd.Context())
-	if dev == engine.DeviceCUDA {
-		m, err := engine.LoadCUDA(cmd.Context(), dir, opts)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		eng, err := engine.NewCUDA(ctx, m, eopts)
-		if err != nil {
-			m.Close()
-			return nil, nil, nil, err
-		}
-		return m.Model, eng, e.closer(cmd, m.Program, m.Close), nil
 	}
 	m, err := loadWithProgress(cmd, dir, opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	eng, err := engine.New(ctx, m, eopts)
+	if m.Follower() {
+		startFollower(cmd, m)
+		return nil, nil, nil, errors.New("unreachable: a follower exits")
+	}
+	// The engine outlives the command's context: a signal must let it drain, not kill it.
+	eng, err := engine.New(context.WithoutCancel(cmd.Context()), m, eopts)
 	if err != nil {
 		m.Close()
 		return nil, nil, nil, err
 	}
-	return m.Model, eng, m.Close, nil
+	return m.Model, eng, e.closer(cmd, m), nil
 }
 
-// closer returns close, preceded with --cuda-profile by printing prog's profile.
-func (e *engineFlags) closer(cmd *cobra.Command, prog *cuda.Program, close func() error) func() error {
-	if !e.cudaProfile {
-		return close
+// closer returns m.Close, preceded with --cuda-profile by printing the GPU time per op of
+// the program (backend.Profiler).
+func (e *engineFlags) closer(cmd *cobra.Command, m *engine.Model) func() error {
+	p, ok := m.Program.(backend.Profiler)
+	if !e.cudaProfile || !ok {
+		return m.Close
 	}
 	return func() error {
-		printProfile(cmd.ErrOrStderr(), prog.Profile())
-		return close()
+		printProfile(cmd.ErrOrStderr(), p.OpTimes())
+		return m.Close()
 	}
 }
 
 // printProfile writes the GPU time per op as a table, most time first.
-func printProfile(w io.Writer, ops []cuda.OpTime) {
+func printProfile(w io.Writer, ops []backend.OpTime) {
 	var total time.Duration
 	for _, o := range ops {
 		total += o.Time
@@ -138,10 +125,10 @@ func printProfile(w io.Writer, ops []cuda.OpTime) {
 
 // activationDType resolves --dtype for the device that runs: auto is bf16 on CUDA (what
 // serving engines run; half the memory traffic) and f32 on the CPU (the reference).
-func activationDType(flag string, dev engine.Device) (tensor.DType, error) {
+func activationDType(flag, dev string) (tensor.DType, error) {
 	switch flag {
 	case "auto", "":
-		if dev == engine.DeviceCUDA {
+		if dev == "cuda" {
 			return tensor.BF16, nil
 		}
 		return tensor.F32, nil

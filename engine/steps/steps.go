@@ -1,4 +1,15 @@
-package engine
+// Package steps is the step transport of a deployment with one process per rank: rank 0
+// runs the engine and, at every step, sends the step's inputs to every other rank (a
+// follower) over TCP; each follower runs its own executable on them, its collectives
+// meeting rank 0's, and replies once it is done (or with its error). The KV caches never
+// travel: each rank keeps its own on its device, and only the number of cache blocks comes
+// with a step.
+//
+// Rank 0 listens at Addr and takes its followers with Accept, each a Remote: an executable
+// (backend.Executable, and backend.Launcher when the follower can launch steps ahead) that
+// the engine runs as the rank. A follower connects with Dial and runs Follow until rank 0
+// says goodbye.
+package steps
 
 import (
 	"bufio"
@@ -12,23 +23,19 @@ import (
 	"net"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
 
-// The step transport of a multi-process deployment (one process per rank): rank 0 runs the
-// engine and, at every step, sends the step's inputs to every other rank (a follower) over
-// TCP; each follower runs its own program on them, its collectives meeting rank 0's, and
-// replies once it is done (or with its error). The KV caches never travel: each rank keeps
-// its own on its device, and only the number of cache blocks comes with a step.
-//
 // Frames are a type byte, a big-endian uint32 length and the payload; numbers inside the
 // payloads are little-endian.
 //
@@ -40,9 +47,9 @@ import (
 //	         name length u16, name, dtype u8, dims u8, dims × u32, the elements
 //	launch   0 -> follower: feed u8, draws u32, per draw temperature, top-p, min-p f32,
 //	         top-k i32, seed, counter u64; then a step's payload. The follower queues the
-//	         step (stepLauncher), sampling with the draws, its input_ids fed from its
+//	         step (backend.Launcher), sampling with the draws, its input_ids fed from its
 //	         previous launch's ids when feed is 1, and reads on: rank 0 may send the next
-//	         step before this one's reply (see overlap.go)
+//	         step before this one's reply (the engine's steps launched ahead)
 //	done     follower -> 0: step u64 (replies come in the order of the steps)
 //	failed   follower -> 0: step u64, the error's text
 //	bye      0 -> follower: rank 0 is done; the follower returns
@@ -88,8 +95,17 @@ type stepMsg struct {
 	inputs map[string]*tensor.Tensor
 }
 
-// isCacheInput reports whether an input is one of the KV caches every rank keeps itself.
-func isCacheInput(name string) bool { return strings.HasPrefix(name, "kv_cache.") }
+// IsCacheInput reports whether an input is one of the KV caches every rank keeps itself.
+func IsCacheInput(name string) bool { return strings.HasPrefix(name, "kv_cache.") }
+
+// Addr is where rank 0 listens for the followers' step connections: MASTER_ADDR and the
+// port after MASTER_PORT (the rendezvous's).
+func Addr(env dist.ProcessEnv) (string, error) {
+	if env.MasterPort >= 65535 {
+		return "", fmt.Errorf("%s=%d: the step transport listens on the next port, and there is none", dist.EnvMasterPort, env.MasterPort)
+	}
+	return net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort+1)), nil
+}
 
 // encodeStep lays a step out: every input but the caches, which must hold their data
 // (i32, i64 or f32), sorted by name; the caches give only their number of blocks.
@@ -102,7 +118,7 @@ func appendStep(b []byte, step uint64, inputs map[string]*tensor.Tensor) ([]byte
 	names := make([]string, 0, len(inputs))
 	blocks := 0
 	for name, t := range inputs {
-		if isCacheInput(name) {
+		if IsCacheInput(name) {
 			if len(t.Shape) > 0 {
 				blocks = t.Shape[0]
 			}
@@ -337,12 +353,13 @@ func watchConn(ctx context.Context, conn net.Conn) func() bool {
 	}
 }
 
-// remoteRank is, on rank 0, the Executable of another rank that runs in its own process:
+// Remote is, on rank 0, the executable of another rank that runs in its own process:
 // Run sends the step's inputs (but the KV caches) to the follower and waits until it has
 // run them (see Follow); LaunchStep sends a step to be launched and returns at once, its
 // pending step's Wait reading the reply. It returns no outputs: rank 0's come from its own
-// program. Its errors do not repeat the rank; rankSet and RankGroup, which run it, name it.
-type remoteRank struct {
+// program. Its errors do not repeat the rank; the engine, which runs it, names it. Accept
+// makes them; run one through Executable.
+type Remote struct {
 	rank     int
 	conn     net.Conn
 	r        *bufio.Reader
@@ -361,16 +378,52 @@ type remoteRank struct {
 	sent []uint64
 }
 
-// Resident names the cache inputs the follower keeps on its device: the engine gives
-// the remote rank shape-only cache tensors (see keepsCache).
-func (rr *remoteRank) Resident() []string { return rr.resident }
+// Resident names the cache inputs the follower keeps on its device (SetResident): the
+// engine gives the remote rank shape-only cache tensors (see backend.Resident).
+func (rr *Remote) Resident() []string { return rr.resident }
+
+// Rank is the follower's rank.
+func (rr *Remote) Rank() int { return rr.rank }
+
+// Free is the device memory the follower had free after its weights when it connected.
+func (rr *Remote) Free() uint64 { return rr.free }
+
+// Launches reports whether the follower can launch steps ahead (its hello said so).
+func (rr *Remote) Launches() bool { return rr.launches }
+
+// SetResident names the cache inputs the follower keeps on its device; set it before the
+// first step.
+func (rr *Remote) SetResident(names []string) { rr.resident = names }
+
+// SetTimeout bounds each wait for a step's reply (0: no limit but the caller's context);
+// set it before the first step. A follower that has not replied within it is lost.
+func (rr *Remote) SetTimeout(d time.Duration) { rr.timeout = d }
+
+// Executable is the remote rank as the engine runs it: rr itself, a backend.Launcher, when
+// the follower can launch steps; otherwise an executable without LaunchStep, so that the
+// engine never launches a step on it.
+func (rr *Remote) Executable() backend.Executable {
+	if rr.launches {
+		return rr
+	}
+	return runOnly{rr}
+}
+
+// runOnly is a Remote that is not a backend.Launcher.
+type runOnly struct{ rr *Remote }
+
+func (r runOnly) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	return r.rr.Run(ctx, inputs)
+}
+
+func (r runOnly) Resident() []string { return r.rr.Resident() }
 
 // Run sends one step to the follower and waits for its reply, at most rr.timeout and no
 // longer than ctx. A follower's failure to run the step comes back as its error. When ctx
 // ends before the reply starts, the step fails and its reply is dropped when it comes, at
 // a later wait; a lost connection, a timeout, a reply cut short or one that does not match
 // the step break the remote rank for good (the stream of steps is out of step).
-func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+func (rr *Remote) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	step, err := rr.send(ctx, stepRun, func(step uint64) ([]byte, error) { return encodeStep(step, inputs) })
@@ -380,9 +433,9 @@ func (rr *remoteRank) Run(ctx context.Context, inputs map[string]*tensor.Tensor)
 	return nil, rr.await(ctx, step)
 }
 
-// LaunchStep sends a step for the follower to launch (see stepLauncher) and returns
+// LaunchStep sends a step for the follower to launch (see backend.Launcher) and returns
 // without waiting for it. Only rank 0's ids are read, so the follower's stay on its device.
-func (rr *remoteRank) LaunchStep(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, _ bool) (pendingStep, error) {
+func (rr *Remote) LaunchStep(ctx context.Context, inputs map[string]*tensor.Tensor, draws []sample.DeviceDraw, feed, _ bool) (backend.Pending, error) {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	step, err := rr.send(ctx, stepLaunch, func(step uint64) ([]byte, error) { return encodeLaunch(step, inputs, draws, feed) })
@@ -392,9 +445,9 @@ func (rr *remoteRank) LaunchStep(ctx context.Context, inputs map[string]*tensor.
 	return remotePending{rr, step}, nil
 }
 
-// remotePending is a step a remoteRank sent to be launched.
+// remotePending is a step a Remote sent to be launched.
 type remotePending struct {
-	rr   *remoteRank
+	rr   *Remote
 	step uint64
 }
 
@@ -406,7 +459,7 @@ func (p remotePending) Wait(ctx context.Context) ([]int32, error) {
 
 // send numbers the next step, encodes it with encode and writes it as a frame of type typ,
 // within rr.timeout and no longer than ctx. rr.mu is held.
-func (rr *remoteRank) send(ctx context.Context, typ byte, encode func(step uint64) ([]byte, error)) (uint64, error) {
+func (rr *Remote) send(ctx context.Context, typ byte, encode func(step uint64) ([]byte, error)) (uint64, error) {
 	if rr.closed {
 		return 0, errors.New("the connection to the follower is closed")
 	}
@@ -435,7 +488,7 @@ func (rr *remoteRank) send(ctx context.Context, typ byte, encode func(step uint6
 
 // await reads the follower's replies up to step's, dropping those of earlier steps whose
 // waits were abandoned, and returns step's outcome. rr.mu is held.
-func (rr *remoteRank) await(ctx context.Context, step uint64) error {
+func (rr *Remote) await(ctx context.Context, step uint64) error {
 	for {
 		if rr.broken != nil {
 			return rr.broken
@@ -474,7 +527,7 @@ func (rr *remoteRank) await(ctx context.Context, step uint64) error {
 
 // reply reads the follower's reply to step (within rr.timeout), checking that it answers
 // that step; it returns the reply's type and message.
-func (rr *remoteRank) reply(step uint64) (byte, []byte, error) {
+func (rr *Remote) reply(step uint64) (byte, []byte, error) {
 	if rr.timeout > 0 {
 		rr.conn.SetDeadline(time.Now().Add(rr.timeout))
 		defer rr.conn.SetDeadline(time.Time{})
@@ -494,7 +547,7 @@ func (rr *remoteRank) reply(step uint64) (byte, []byte, error) {
 }
 
 // connErr describes a failed exchange of step with the follower.
-func (rr *remoteRank) connErr(step uint64, err error, cancelled bool, ctx context.Context) error {
+func (rr *Remote) connErr(step uint64, err error, cancelled bool, ctx context.Context) error {
 	var ne net.Error
 	switch {
 	case cancelled:
@@ -509,7 +562,7 @@ func (rr *remoteRank) connErr(step uint64, err error, cancelled bool, ctx contex
 
 // Close tells the follower that rank 0 is done (its Follow returns nil) and closes the
 // connection.
-func (rr *remoteRank) Close() error {
+func (rr *Remote) Close() error {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	if rr.closed {
@@ -527,13 +580,18 @@ func (rr *remoteRank) Close() error {
 	return nil
 }
 
+// Accept accepts on ln the followers of a world of worldSize ranks (see acceptFollowers).
+func Accept(ctx context.Context, ln net.Listener, worldSize int) ([]*Remote, error) {
+	return acceptFollowers(ctx, ln, worldSize)
+}
+
 // acceptFollowers accepts on ln the followers of a world of worldSize ranks, ranks 1 to
 // worldSize-1, each once, and returns them in rank order. A connection that does not speak
 // the step protocol is dropped; a follower of another world size, or a rank already
 // connected, is refused, which fails the whole world. It waits no longer than ctx.
-func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*remoteRank, error) {
-	ranks := make([]*remoteRank, worldSize-1)
-	fail := func(err error) ([]*remoteRank, error) {
+func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*Remote, error) {
+	ranks := make([]*Remote, worldSize-1)
+	fail := func(err error) ([]*Remote, error) {
 		for _, rr := range ranks {
 			if rr != nil {
 				rr.conn.Close()
@@ -588,10 +646,15 @@ func acceptFollowers(ctx context.Context, ln net.Listener, worldSize int) ([]*re
 			return fail(fmt.Errorf("rank %d: welcome: %w", rank, err))
 		}
 		conn.SetDeadline(time.Time{})
-		ranks[rank-1] = &remoteRank{rank: rank, conn: conn, r: bufio.NewReaderSize(conn, 64<<10), free: free, launches: flags&followLaunches != 0}
+		ranks[rank-1] = &Remote{rank: rank, conn: conn, r: bufio.NewReaderSize(conn, 64<<10), free: free, launches: flags&followLaunches != 0}
 		left--
 	}
 	return ranks, nil
+}
+
+// Dial connects a follower to rank 0's step listener at addr and says hello (see dialRank0).
+func Dial(ctx context.Context, addr string, rank, worldSize int, free uint64, launches bool) (net.Conn, error) {
+	return dialRank0(ctx, addr, rank, worldSize, free, launches)
 }
 
 // dialRank0 connects a follower, rank of a world of worldSize ranks, to rank 0's step
@@ -653,14 +716,14 @@ func dialRank0(ctx context.Context, addr string, rank, worldSize int, free uint6
 // each step's inputs from rank 0 on conn, adds its own KV caches (laid out by cache, of as
 // many blocks as rank 0 says; shape-only tensors when exe keeps them on its device, see
 // kvcache.NewCacheShapes; none when cache has no layers), runs exe on them (or, for a
-// launch, queues the step on exe, a stepLauncher, and reads the next frame while it runs)
+// launch, queues the step on exe, a backend.Launcher, and reads the next frame while it runs)
 // and replies, in the order of the steps, that each is done, or with exe's error, which
 // rank 0's step then reports. It returns nil when rank 0 says goodbye, and an error naming
 // rank 0 when the connection ends otherwise (rank 0 died, or sent what is not a step) or
 // ctx ends. It does not close conn.
-func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Conn) error {
+func Follow(ctx context.Context, exe backend.Executable, cache kvcache.Spec, conn net.Conn) error {
 	r := bufio.NewReaderSize(conn, 64<<10)
-	launcher := launcherOf(exe)
+	launcher, _ := exe.(backend.Launcher)
 	// The replies go out from their own goroutine, in order, each once its step is done:
 	// a launched step's reply waits for the step while this loop reads the next one.
 	replies := make(chan followed, 2)
@@ -708,7 +771,7 @@ func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Co
 			}
 			if caches == nil || caches.NumBlocks != msg.blocks {
 				newCache := kvcache.NewCache
-				if keepsCache(exe, cache) {
+				if backend.Keeps(exe, cacheNames(cache)) {
 					newCache = kvcache.NewCacheShapes
 				}
 				if caches, err = newCache(cache, msg.blocks); err != nil {
@@ -720,7 +783,7 @@ func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Co
 		f := followed{step: msg.step}
 		switch {
 		case typ == stepRun:
-			f.err = runDiscard(ctx, exe, msg.inputs)
+			f.err = backend.RunDiscard(ctx, exe, msg.inputs)
 		case launcher == nil:
 			f.err = errors.New("this rank cannot launch steps ahead")
 		default:
@@ -740,8 +803,17 @@ func Follow(ctx context.Context, exe Executable, cache kvcache.Spec, conn net.Co
 // followed is a step a follower ran (err) or launched (pend, to wait for).
 type followed struct {
 	step uint64
-	pend pendingStep
+	pend backend.Pending
 	err  error
+}
+
+// cacheNames names the inputs of a cache spec's tensors.
+func cacheNames(spec kvcache.Spec) []string {
+	names := make([]string, 0, 2*len(spec.Layers))
+	for _, l := range spec.Layers {
+		names = append(names, l.K, l.V)
+	}
+	return names
 }
 
 // reply sends rank 0 the reply of each step from steps, in order, waiting for the launched

@@ -1,4 +1,4 @@
-package engine
+package steps
 
 import (
 	"bytes"
@@ -15,9 +15,9 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// Fuzz targets of the step protocol between rank 0 and its followers (remote.go): the step
+// Fuzz targets of the step protocol between rank 0 and its followers (steps.go): the step
 // and launch payloads (FuzzStepRoundTrip, FuzzLaunchRoundTrip; FuzzDecodeLaunch in
-// remote_test.go checks the draws) and rank 0's side of the hello (FuzzStepHello).
+// steps_test.go checks the draws) and rank 0's side of the hello (FuzzStepHello).
 
 // canonicalStep reports whether a payload decodeStep accepted is one encodeStep writes:
 // names sorted and unique (the map keeps the last of a repeated name), and none a KV cache
@@ -25,7 +25,7 @@ import (
 func canonicalStep(payload []byte, m stepMsg) bool {
 	names := stepNames(payload)
 	for _, name := range names {
-		if isCacheInput(name) {
+		if IsCacheInput(name) {
 			return false
 		}
 	}
@@ -249,7 +249,7 @@ func FuzzStepHello(f *testing.F) {
 		}
 		defer ln.Close()
 		type result struct {
-			rrs []*remoteRank
+			rrs []*Remote
 			err error
 		}
 		done := make(chan result, 1)
