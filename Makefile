@@ -1,5 +1,6 @@
 # Loom developer targets. CI runs .ci/run, which runs the same checks as `make lint test`.
 GO ?= go
+FUZZTIME ?= 3s
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
 .PHONY: build test lint bench gpu-test fuzz
@@ -31,5 +32,6 @@ gpu-test:
 	NCCL_NVLS_ENABLE=0 LOOM_REQUIRE_GPU=1 LOOM_LONG_CONTEXT=1 $(GO) test -v -timeout 30m -run 'CUDA|Device|MultiProc' ./engine/
 	LOOM_REQUIRE_GPU=1 $(GO) test -v -run TestGenerateDevice ./cmd/loom/
 
+# Every fuzz target (tools/fuzz.sh finds them) for FUZZTIME each, e.g. make fuzz FUZZTIME=1m.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./graph/
+	FUZZTIME=$(FUZZTIME) tools/fuzz.sh
