@@ -9,20 +9,21 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// Elementwise kernels of kernels/elementwise.cu: swiglu, add and mul, cast.
+// Elementwise kernels of kernels/elementwise.cu: swiglu, add and mul, cast. add, mul and
+// cast of integers and bools go to primitive.cu's kernels (primitive.go).
 
 func init() {
 	opKernels["swiglu"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
 		return swiglu(d, out[0], in[0], in[1])
 	}}
 	opKernels["add"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return addMul(d, "add", out[0], in[0], in[1])
+		return addMulAny(d, "add", out[0], in[0], in[1])
 	}}
 	opKernels["mul"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return addMul(d, "mul", out[0], in[0], in[1])
+		return addMulAny(d, "mul", out[0], in[0], in[1])
 	}}
 	opKernels["cast"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
-		return cast(d, out[0], in[0])
+		return castAny(d, out[0], in[0])
 	}}
 }
 

@@ -109,10 +109,12 @@ type Options struct {
 	Resident []string
 }
 
-// Compile prepares g to run on d: it verifies the graph, checks that every op has a CUDA
-// kernel (naming each op that has none), uploads every param (read through w) and const,
-// and evaluates once every node whose inputs are all params or consts. w may be nil for a
-// graph without params; opts may be nil for the defaults.
+// Compile prepares g to run on d: it verifies the graph, replaces every node whose op has
+// no CUDA kernel but a decomposition in the graph catalog by that decomposition (expand.go;
+// Program.Graph is then the expanded graph), checks that every op has a CUDA kernel (naming
+// each op that has none), uploads every param (read through w) and const, and evaluates
+// once every node whose inputs are all params or consts. w may be nil for a graph without
+// params; opts may be nil for the defaults.
 func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, opts *Options) (*Program, error) {
 	if opts == nil {
 		opts = &Options{}
@@ -123,17 +125,13 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 	if err := graph.Verify(g); err != nil {
 		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
 	}
-	var missing []string
-	for _, n := range g.Nodes {
-		if n.Op == graph.OpParam || n.Op == graph.OpConst {
-			continue
-		}
-		if _, ok := opKernels[n.Op]; !ok {
-			missing = append(missing, fmt.Sprintf("no CUDA kernel for op %q (node %s)", n.Op, nodeText(n)))
-		}
+	eg, from, err := expandGraph(g)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
 	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("cuda: compile %s: %s", g.Name, strings.Join(missing, "; "))
+	g = eg
+	if err := missingKernels(g, from); err != nil {
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
 	}
 	if err := graph.CheckSymbolsBound(g); err != nil {
 		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
@@ -154,7 +152,7 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 		}
 		p.resident = append(p.resident, p.inputs[s])
 	}
-	err := d.do(func() error {
+	err = d.do(func() error {
 		for _, n := range g.Nodes {
 			if err := ctx.Err(); err != nil {
 				return err

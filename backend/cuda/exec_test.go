@@ -19,10 +19,14 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
+// An op with neither a CUDA kernel nor a decomposition, and a fused op whose decomposition
+// needs such an op, are compile errors naming them (there is no CPU fallback).
 func TestCompileNamesMissingKernels(t *testing.T) {
+	registerTestOps()
 	b := graph.NewBuilder("g")
 	x := b.Input("x", tensor.F32, graph.Shape{graph.Sym("B"), graph.D(4)})
-	b.Output(b.Unary("rsqrt", b.Pow(x, b.Scalar(tensor.F32, 2))))
+	y := b.Op("cuda_test_nokernel", nil, b.Unary("rsqrt", b.Pow(x, b.Scalar(tensor.F32, 2))))
+	b.Output(b.Op("cuda_test_needs_nokernel", nil, y))
 	g, err := b.Build()
 	if err != nil {
 		t.Fatal(err)
@@ -31,9 +35,18 @@ func TestCompileNamesMissingKernels(t *testing.T) {
 	if err == nil {
 		t.Fatal("compile succeeded")
 	}
-	for _, want := range []string{`no CUDA kernel for op "pow"`, `no CUDA kernel for op "rsqrt"`} {
+	for _, want := range []string{
+		`no CUDA kernel for op "cuda_test_nokernel" (node %3 = cuda_test_nokernel(%2)) and no decomposition in the graph catalog`,
+		`no CUDA kernel for op "cuda_test_nokernel"`,
+		`needed by the decomposition of cuda_test_needs_nokernel`,
+	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	for _, op := range []string{`"pow"`, `"rsqrt"`, `"neg"`} { // primitives with kernels
+		if strings.Contains(err.Error(), op) {
+			t.Errorf("error %q names %s, which has a kernel", err, op)
 		}
 	}
 }

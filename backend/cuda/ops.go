@@ -118,8 +118,9 @@ type opKernel struct {
 }
 
 // opKernels is the table of ops the executor lowers, filled by the init functions of the
-// files that hold each op's launcher. An op missing here is a compile-time error: there is
-// no silent CPU fallback.
+// files that hold each op's launcher. A node whose op is missing here runs as its
+// decomposition in the graph catalog (expand.go) or, for an op without one, is a
+// compile-time error: there is no CPU fallback.
 var opKernels = map[string]*opKernel{}
 
 // Ops lists the graph ops the CUDA executor runs (besides param and const, which it loads).
