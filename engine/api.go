@@ -51,7 +51,9 @@ type Event struct {
 
 // Stats is a snapshot of the engine's state, for metrics and admission decisions.
 type Stats struct {
-	Running, Waiting       int // requests in the running batch and in the queue
+	// Running and Waiting count the requests in the running batch and those waiting to
+	// start: in the queue, and held for a slot (Options.MaxConcurrent).
+	Running, Waiting       int
 	KVBlocksUsed, KVBlocks int // paged KV cache blocks in use and in total
 	BlockSize              int // tokens per KV block
 	StepsTotal             int64

@@ -28,8 +28,12 @@ var (
 	ErrRequestTooLarge = errors.New("request does not fit the KV cache")
 	// ErrKVCacheFull: with QueueOnFull off, the KV cache has no room for the prompt now.
 	ErrKVCacheFull = errors.New("KV cache full")
-	// ErrQueueFull: with QueueOnFull off, MaxQueue requests are already waiting.
+	// ErrQueueFull: with QueueOnFull off, MaxQueue requests are already waiting; with it on,
+	// MaxQueue requests are already waiting when a request must be held for a slot
+	// (MaxConcurrent).
 	ErrQueueFull = errors.New("request queue full")
+	// ErrAtCapacity: with QueueOnFull off, MaxConcurrent requests are already in the engine.
+	ErrAtCapacity = errors.New("engine at its limit of concurrent requests")
 	// ErrClosed: the engine is shutting down or closed. Requests in flight when Close is
 	// called end with FinishError and this error.
 	ErrClosed = errors.New("engine closed")
@@ -52,11 +56,20 @@ type Options struct {
 	// insert_cached_attention); 0 takes the graph's, another value must agree with it.
 	BlockSize int
 	// QueueOnFull chooses what Submit does when the engine is full. Off (the default): Submit
-	// fails with ErrKVCacheFull when the cache has no free blocks for the prompt (after the
-	// prompts already waiting) and with ErrQueueFull when MaxQueue requests wait. On: the
-	// request waits in the queue for memory, and Submit waits for room in the queue (until
-	// its context ends). A request that could never fit fails with ErrRequestTooLarge either way.
+	// fails with ErrAtCapacity when MaxConcurrent requests are in the engine, with
+	// ErrKVCacheFull when the cache has no free blocks for the prompt (after the prompts
+	// already waiting) and with ErrQueueFull when MaxQueue requests wait. On: the request
+	// waits in the queue for memory, and Submit waits for a slot and for room in the queue
+	// (until its context ends); a request held for a slot counts among the waiting, and when
+	// MaxQueue are waiting it fails with ErrQueueFull instead. A request that could never
+	// fit fails with ErrRequestTooLarge either way.
+	//
+	// The engine is the one admission layer: the server and the CLI set these limits here
+	// (loom serve --max-concurrent, --max-queue, --overload).
 	QueueOnFull bool
+	// MaxConcurrent is the most requests in the engine at once, running or waiting in its
+	// queue (0: no limit).
+	MaxConcurrent int
 	// HostSampling makes every token be chosen on the host from logits brought back, even
 	// when the executables could sample on their devices (see backend.Launcher).
 	HostSampling bool
@@ -64,7 +77,8 @@ type Options struct {
 	// device chooses the tokens, the next decode step is queued while the current one runs
 	// (see overlap.go), so that the device does not wait for the host between steps.
 	SyncSteps bool
-	// MaxQueue is the most requests waiting to start (default 1024).
+	// MaxQueue is the most requests waiting to start (default 1024): in the queue, and with
+	// MaxConcurrent held for a slot (see QueueOnFull).
 	MaxQueue int
 	// Logger receives the engine's messages (default slog.Default()).
 	Logger *slog.Logger
@@ -112,11 +126,12 @@ type Engine struct {
 	lastCollect time.Time
 
 	mu       sync.Mutex
-	waiting  []*sequence // FIFO; preempted sequences go back to the front
-	running  []*sequence // in the order they started
-	closing  bool        // no new requests (Shutdown or Close)
-	abort    bool        // end every request now (Close, or Shutdown's deadline)
-	space    chan struct{}
+	waiting  []*sequence   // FIFO; preempted sequences go back to the front
+	running  []*sequence   // in the order they started
+	closing  bool          // no new requests (Shutdown or Close)
+	abort    bool          // end every request now (Close, or Shutdown's deadline)
+	space    chan struct{} // closed (and renewed) when a request leaves the queue or the engine
+	held     int           // Submit calls waiting for a slot (MaxConcurrent)
 	nextID   uint64
 	counters Stats
 	// stepsAtReset is StepsTotal at the last ResetStats.
@@ -320,6 +335,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("KVBlocks, KVCacheBytes and BlockSize must not be negative")
 	case o.MaxQueue < 1:
 		return o, fmt.Errorf("MaxQueue must be >= 1, got %d", o.MaxQueue)
+	case o.MaxConcurrent < 0:
+		return o, fmt.Errorf("MaxConcurrent must not be negative, got %d", o.MaxConcurrent)
 	}
 	return o, nil
 }
@@ -359,29 +376,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	}
 
 	e.mu.Lock()
-	for {
-		if e.closing {
-			e.mu.Unlock()
-			return nil, fmt.Errorf("submit %s: %w", reqName(req), ErrClosed)
-		}
-		if len(e.waiting) < e.opts.MaxQueue {
-			break
-		}
-		if !e.opts.QueueOnFull {
-			n := len(e.waiting)
-			e.mu.Unlock()
-			return nil, fmt.Errorf("submit %s: %w: %d requests are waiting", reqName(req), ErrQueueFull, n)
-		}
-		space := e.space
+	if err := e.admitLocked(ctx, req); err != nil {
 		e.mu.Unlock()
-		select {
-		case <-space:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("submit %s: waiting for room in the queue: %w", reqName(req), ctx.Err())
-		case <-e.done:
-			return nil, fmt.Errorf("submit %s: %w", reqName(req), ErrClosed)
-		}
-		e.mu.Lock()
+		return nil, err
 	}
 	if !e.opts.QueueOnFull {
 		pending := 0
@@ -409,6 +406,54 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	e.mu.Unlock()
 	e.signal()
 	return s.stream, nil
+}
+
+// admitLocked waits, with QueueOnFull, for a slot among the MaxConcurrent requests in the
+// engine and for room in the queue, or fails (see Options.QueueOnFull). It returns with
+// e.mu held, as it was called.
+func (e *Engine) admitLocked(ctx context.Context, req Request) error {
+	held := false
+	defer func() {
+		if held {
+			e.held--
+		}
+	}()
+	for {
+		if e.closing {
+			return fmt.Errorf("submit %s: %w", reqName(req), ErrClosed)
+		}
+		in := len(e.running) + len(e.waiting)
+		slot := e.opts.MaxConcurrent == 0 || in < e.opts.MaxConcurrent
+		room := len(e.waiting) < e.opts.MaxQueue
+		switch {
+		case slot && room:
+			return nil
+		case !slot && !e.opts.QueueOnFull:
+			return fmt.Errorf("submit %s: %w: %d requests are in the engine, its limit", reqName(req), ErrAtCapacity, in)
+		case !e.opts.QueueOnFull:
+			return fmt.Errorf("submit %s: %w: %d requests are waiting", reqName(req), ErrQueueFull, len(e.waiting))
+		case !slot && !held:
+			// Held for a slot, the request waits to start: it counts among the waiting.
+			if n := len(e.waiting) + e.held; n >= e.opts.MaxQueue {
+				return fmt.Errorf("submit %s: %w: %d requests are waiting, %d of them for one of the engine's %d slots",
+					reqName(req), ErrQueueFull, n, e.held, e.opts.MaxConcurrent)
+			}
+			held = true
+			e.held++
+		}
+		space := e.space
+		e.mu.Unlock()
+		select {
+		case <-space:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return fmt.Errorf("submit %s: waiting for room in the engine: %w", reqName(req), ctx.Err())
+		case <-e.done:
+			e.mu.Lock()
+			return fmt.Errorf("submit %s: %w", reqName(req), ErrClosed)
+		}
+		e.mu.Lock()
+	}
 }
 
 func reqName(r Request) string {
@@ -464,7 +509,7 @@ func (e *Engine) ResetStats() {
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	st := e.counters
-	st.Running, st.Waiting = len(e.running), len(e.waiting)
+	st.Running, st.Waiting = len(e.running), len(e.waiting)+e.held
 	e.mu.Unlock()
 	a := e.alloc.Stats()
 	st.KVBlocksUsed, st.KVBlocks, st.BlockSize = a.Used, a.Blocks, e.alloc.BlockSize()
@@ -783,12 +828,8 @@ func (e *Engine) finishLocked(s *sequence, ev Event) {
 	s.stopWatch()
 	e.alloc.Free(s.id)
 	e.running = slices.DeleteFunc(e.running, func(x *sequence) bool { return x == s })
-	if n := len(e.waiting); n > 0 {
-		e.waiting = slices.DeleteFunc(e.waiting, func(x *sequence) bool { return x == s })
-		if len(e.waiting) < n {
-			e.queueShrankLocked()
-		}
-	}
+	e.waiting = slices.DeleteFunc(e.waiting, func(x *sequence) bool { return x == s })
+	e.roomLocked() // a slot, and perhaps room in the queue
 	level := slog.LevelDebug
 	if ev.Finish == FinishError {
 		level = slog.LevelWarn
@@ -797,8 +838,8 @@ func (e *Engine) finishLocked(s *sequence, ev Event) {
 		"prompt_tokens", s.promptLen, "generated_tokens", s.generated(), "error", ev.Err)
 }
 
-// queueShrankLocked tells Submit calls waiting for room in the queue to look again.
-func (e *Engine) queueShrankLocked() {
+// roomLocked tells Submit calls waiting for a slot or for room in the queue to look again.
+func (e *Engine) roomLocked() {
 	close(e.space)
 	e.space = make(chan struct{})
 }

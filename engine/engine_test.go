@@ -640,3 +640,84 @@ func TestDeviceSampling(t *testing.T) {
 		})
 	}
 }
+
+// gatedExe runs its executable once gate is closed.
+type gatedExe struct {
+	Executable
+	gate chan struct{}
+}
+
+func (g gatedExe) Run(ctx context.Context, in map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.Executable.Run(ctx, in)
+}
+
+// TestMaxConcurrent: the engine admits at most MaxConcurrent requests at once. Past it,
+// Submit fails with ErrAtCapacity, or with QueueOnFull holds the request for a slot (it
+// counts among the waiting, Stats.Waiting) until MaxQueue are waiting, and then fails with
+// ErrQueueFull; a held request starts when a slot frees.
+func TestMaxConcurrent(t *testing.T) {
+	m := cachedModel(t, "tiny-llama")
+	for _, queue := range []bool{false, true} {
+		t.Run(fmt.Sprintf("queue=%v", queue), func(t *testing.T) {
+			ctx := testCtx(t)
+			gate := make(chan struct{})
+			e, err := NewRanks(ctx, []Rank{{Graph: m.Graph, Exe: gatedExe{m.Program, gate}}}, ModelInfo{MaxPositions: 256},
+				Options{MaxConcurrent: 1, MaxQueue: 1, QueueOnFull: queue, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			req := Request{Prompt: []int{1, 2, 3}, MaxTokens: 3, IgnoreEOS: true}
+			first, err := e.Submit(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor := func(what string, cond func(Stats) bool) {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for !cond(e.Stats()) && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond)
+				}
+				if st := e.Stats(); !cond(st) {
+					t.Fatalf("%s: %+v", what, st)
+				}
+			}
+			waitFor("the first request to run", func(st Stats) bool { return st.Running == 1 })
+			var held *Stream
+			heldErr := make(chan error, 1)
+			if queue {
+				go func() {
+					var err error
+					held, err = e.Submit(ctx, req)
+					heldErr <- err
+				}()
+				waitFor("a request held for a slot", func(st Stats) bool { return st.Waiting == 1 })
+			}
+			_, err = e.Submit(ctx, req)
+			want := ErrAtCapacity
+			if queue {
+				want = ErrQueueFull
+			}
+			if !errors.Is(err, want) {
+				t.Errorf("past the limit: %v, want %v", err, want)
+			}
+			close(gate)
+			if toks, _, err := first.Collect(ctx); err != nil || len(toks) != 3 {
+				t.Errorf("first request: %v, %v", toks, err)
+			}
+			if queue {
+				if err := <-heldErr; err != nil {
+					t.Fatalf("the held request: %v", err)
+				}
+				if toks, _, err := held.Collect(ctx); err != nil || len(toks) != 3 {
+					t.Errorf("held request: %v, %v", toks, err)
+				}
+			}
+		})
+	}
+}

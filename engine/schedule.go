@@ -89,7 +89,7 @@ func (e *Engine) schedule() (plan []stepSeq, exit bool) {
 			break
 		}
 		e.waiting = e.waiting[1:]
-		e.queueShrankLocked()
+		e.roomLocked()
 		e.running = append(e.running, s)
 		if !s.started {
 			s.started = true

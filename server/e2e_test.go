@@ -55,12 +55,25 @@ func loadModel(t *testing.T, dir string) *engine.Model {
 
 func newRealEnv(t *testing.T, dir string, opts engine.Options) *realEnv {
 	t.Helper()
+	return newRealEnvWith(t, dir, opts, nil)
+}
+
+// newRealEnvWith is newRealEnv with the model's executable wrapped by wrap (nil: as it is).
+func newRealEnvWith(t *testing.T, dir string, opts engine.Options, wrap func(engine.Executable) engine.Executable) *realEnv {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("loads and runs a model")
 	}
 	m := loadModel(t, dir)
 	opts.Logger = slog.New(slog.DiscardHandler)
-	eng, err := engine.New(context.Background(), m, opts)
+	var eng *engine.Engine
+	var err error
+	if wrap == nil {
+		eng, err = engine.New(context.Background(), m, opts)
+	} else {
+		info := engine.ModelInfo{Name: dir, MaxPositions: m.Config.MaxPositionEmbeddings, EOSTokenIDs: m.EOSTokenIDs()}
+		eng, err = engine.NewRanks(context.Background(), []engine.Rank{{Graph: m.Graph, Exe: wrap(m.Program)}}, info, opts)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,55 +36,24 @@ type result struct {
 
 // generation is a request admitted to the engine, ready to be read.
 type generation struct {
-	s       *Server
-	g       *genRequest
-	start   time.Time
-	stream  Stream
-	cancel  context.CancelFunc
-	ctx     context.Context
-	release func()
-}
-
-// admit takes a slot among the requests the server lets into the engine at once. When all
-// are taken it answers 429, or waits when the server queues (up to MaxQueue waiting).
-func (s *Server) admit(ctx context.Context) (release func(), err error) {
-	if s.slots == nil {
-		return func() {}, nil
-	}
-	rel := func() { <-s.slots }
-	select {
-	case s.slots <- struct{}{}:
-		return rel, nil
-	default:
-	}
-	if !s.cfg.QueueWhenFull {
-		return nil, overloaded("the server is at its limit of %d concurrent requests; retry later", s.cfg.MaxConcurrent)
-	}
-	if n := s.metrics.queued.Add(1); s.cfg.MaxQueue > 0 && n > int64(s.cfg.MaxQueue) {
-		s.metrics.queued.Add(-1)
-		return nil, overloaded("the server's queue is full (%d requests waiting); retry later", s.cfg.MaxQueue)
-	}
-	defer s.metrics.queued.Add(-1)
-	select {
-	case s.slots <- struct{}{}:
-		return rel, nil
-	case <-ctx.Done():
-		return nil, errClientGone
-	}
+	s      *Server
+	g      *genRequest
+	start  time.Time
+	stream Stream
+	cancel context.CancelFunc
+	ctx    context.Context
 }
 
 func overloaded(format string, args ...any) *APIError {
 	return &APIError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Message: fmt.Sprintf(format, args...)}
 }
 
-// begin admits g and submits it to the engine. The caller must call finish on the result.
+// begin submits g to the engine, which admits it or refuses it (engine.Options.QueueOnFull,
+// MaxConcurrent, MaxQueue: the one admission layer). The caller must call finish on the
+// result.
 func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRequest) (*generation, error) {
 	if s.closing.Load() {
 		return nil, &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"}
-	}
-	release, err := s.admit(ctx)
-	if err != nil {
-		return nil, err
 	}
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
@@ -98,7 +67,6 @@ func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRe
 	})
 	if err != nil {
 		cancel()
-		release()
 		if parent.Err() != nil {
 			return nil, errClientGone
 		}
@@ -106,7 +74,7 @@ func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRe
 	}
 	s.metrics.inFlight.Inc()
 	s.metrics.promptTokens.Add(float64(len(g.prompt)))
-	return &generation{s: s, g: g, start: start, stream: st, cancel: cancel, ctx: ctx, release: release}, nil
+	return &generation{s: s, g: g, start: start, stream: st, cancel: cancel, ctx: ctx}, nil
 }
 
 // run reads the engine's events, detokenizes them incrementally, cuts the text at the first
@@ -116,7 +84,6 @@ func (gen *generation) run(emit func(piece) error) (res result, err error) {
 	s, g := gen.s, gen.g
 	defer func() {
 		gen.cancel()
-		gen.release()
 		s.metrics.inFlight.Dec()
 		reason := res.finish
 		switch {
@@ -231,7 +198,7 @@ func submitError(err error) error {
 		return badParam("", "%v", err)
 	case errors.Is(err, engine.ErrRequestTooLarge):
 		return badParam("max_tokens", "the request needs more KV cache than the server has; lower max_tokens or shorten the prompt (%v)", err)
-	case errors.Is(err, engine.ErrKVCacheFull), errors.Is(err, engine.ErrQueueFull):
+	case errors.Is(err, engine.ErrKVCacheFull), errors.Is(err, engine.ErrQueueFull), errors.Is(err, engine.ErrAtCapacity):
 		return overloaded("the server is at capacity; retry later (%v)", err)
 	case errors.Is(err, engine.ErrClosed):
 		return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/sample"
+	"github.com/loom-ml/loom/tensor"
 )
 
 func TestGracefulShutdown(t *testing.T) {
@@ -84,19 +85,35 @@ func TestShutdownTimeoutCancels(t *testing.T) {
 	}
 }
 
+// gatedExe runs the model once gate is closed (or fails when the step's context ends).
+type gatedExe struct {
+	engine.Executable
+	gate chan struct{}
+}
+
+func (g gatedExe) Run(ctx context.Context, in map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.Executable.Run(ctx, in)
+}
+
+// The engine admits requests (engine.Options.MaxConcurrent, QueueOnFull, MaxQueue) and the
+// server answers its refusals with 429: past --max-concurrent at once, or with --overload
+// queue past --max-queue waiting for a slot.
 func TestOverload(t *testing.T) {
 	for _, queue := range []bool{false, true} {
 		t.Run(map[bool]string{false: "reject", true: "queue"}[queue], func(t *testing.T) {
 			gate := make(chan struct{})
-			env := newEnv(t, "tiny-llama", func(c *Config, e *fakeEngine) {
-				c.MaxConcurrent, c.QueueWhenFull, c.MaxQueue = 1, queue, 1
-				e.gate = gate
-			})
-			params := openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(3)}
+			env := newRealEnvWith(t, "tiny-llama", engine.Options{MaxConcurrent: 1, QueueOnFull: queue, MaxQueue: 1},
+				func(exe engine.Executable) engine.Executable { return gatedExe{exe, gate} })
+			params := openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(env.srv.cfg.Model), Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(3)}
 			var wg sync.WaitGroup
 			errs := make([]error, 2)
 			wg.Go(func() { _, errs[0] = env.client.Completions.New(ctxT(t), params) })
-			eventually(t, "the first request to run", func() bool { return env.metric(t, "loom_requests_in_flight") == 1 })
+			eventually(t, "the first request to run", func() bool { return env.metric(t, "loom_requests_running") == 1 })
 			if queue {
 				wg.Go(func() { _, errs[1] = env.client.Completions.New(ctxT(t), params) })
 				eventually(t, "the second request to queue", func() bool { return env.metric(t, "loom_queue_depth") == 1 })
@@ -307,6 +324,7 @@ func TestEngineRefusals(t *testing.T) {
 		{fmt.Errorf("submit: %w: 300 blocks", engine.ErrRequestTooLarge), 400, "invalid_request_error"},
 		{fmt.Errorf("submit: %w", engine.ErrKVCacheFull), 429, "rate_limit_exceeded"},
 		{fmt.Errorf("submit: %w", engine.ErrQueueFull), 429, "rate_limit_exceeded"},
+		{fmt.Errorf("submit: %w", engine.ErrAtCapacity), 429, "rate_limit_exceeded"},
 		{fmt.Errorf("submit: %w", engine.ErrClosed), 503, "service_unavailable"},
 		{errors.New("disk on fire"), 500, "server_error"},
 	} {

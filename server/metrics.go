@@ -2,7 +2,6 @@ package server
 
 import (
 	"strconv"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -17,7 +16,6 @@ type metrics struct {
 	itl            prometheus.Histogram
 	e2e            prometheus.Histogram
 	inFlight       prometheus.Gauge
-	queued         atomic.Int64 // requests waiting for admission in the server
 	engineSnapshot *engineCollector
 }
 
@@ -51,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, eng Engine) (*metrics, error) {
 			Name: "loom_requests_in_flight", Help: "Generation requests admitted to the engine and not yet finished.",
 		}),
 	}
-	m.engineSnapshot = &engineCollector{eng: eng, queued: &m.queued}
+	m.engineSnapshot = &engineCollector{eng: eng}
 	for _, c := range []prometheus.Collector{m.requests, m.finished, m.promptTokens, m.genTokens, m.ttft, m.itl, m.e2e, m.inFlight, m.engineSnapshot} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -62,13 +60,12 @@ func newMetrics(reg prometheus.Registerer, eng Engine) (*metrics, error) {
 
 // engineCollector reports the engine's Stats, read once per scrape.
 type engineCollector struct {
-	eng    Engine
-	queued *atomic.Int64
+	eng Engine
 }
 
 var (
 	descRunning = prometheus.NewDesc("loom_requests_running", "Requests in the engine's running batch.", nil, nil)
-	descQueue   = prometheus.NewDesc("loom_queue_depth", "Requests waiting: in the engine's queue plus those the server holds for admission.", nil, nil)
+	descQueue   = prometheus.NewDesc("loom_queue_depth", "Requests waiting to start: in the engine's queue plus those it holds for a slot (--max-concurrent).", nil, nil)
 	descKVUsed  = prometheus.NewDesc("loom_kv_cache_blocks_used", "Paged KV cache blocks in use.", nil, nil)
 	descKVTotal = prometheus.NewDesc("loom_kv_cache_blocks_total", "Paged KV cache blocks in all.", nil, nil)
 	descKVUse   = prometheus.NewDesc("loom_kv_cache_usage_ratio", "Fraction of the paged KV cache in use (0 to 1).", nil, nil)
@@ -98,7 +95,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		use = float64(st.KVBlocksUsed) / float64(st.KVBlocks)
 	}
 	constMetric(ch, descRunning, prometheus.GaugeValue, float64(st.Running))
-	constMetric(ch, descQueue, prometheus.GaugeValue, float64(int64(st.Waiting)+c.queued.Load()))
+	constMetric(ch, descQueue, prometheus.GaugeValue, float64(st.Waiting))
 	constMetric(ch, descKVUsed, prometheus.GaugeValue, float64(st.KVBlocksUsed))
 	constMetric(ch, descKVTotal, prometheus.GaugeValue, float64(st.KVBlocks))
 	constMetric(ch, descKVUse, prometheus.GaugeValue, use)

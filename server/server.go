@@ -47,13 +47,6 @@ type Config struct {
 	// DefaultMaxTokens is max_tokens of a completion request that gives none (OpenAI: 16);
 	// chat requests default to the rest of the context.
 	DefaultMaxTokens int
-	// MaxConcurrent is the most generation requests in the engine at once (0: no limit).
-	// Past it, requests get 429, or wait when QueueWhenFull is set.
-	MaxConcurrent int
-	// QueueWhenFull makes requests past MaxConcurrent wait for a slot instead of getting 429.
-	QueueWhenFull bool
-	// MaxQueue is the most requests waiting with QueueWhenFull (0: no limit); past it, 429.
-	MaxQueue int
 	// MaxBodyBytes limits a request body (default 16 MiB).
 	MaxBodyBytes int64
 	// Registry receives the server's metrics; a new registry when nil. /metrics serves it.
@@ -69,7 +62,6 @@ type Server struct {
 	log     *slog.Logger
 	vocab   int
 	metrics *metrics
-	slots   chan struct{} // admission semaphore; nil without MaxConcurrent
 	handler http.Handler
 	http    *http.Server
 	closing atomic.Bool
@@ -104,9 +96,6 @@ func New(eng Engine, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, eng: eng, log: cfg.Logger, vocab: cfg.VocabSize}
 	if s.vocab <= 0 {
 		s.vocab = cfg.Tokenizer.VocabSize()
-	}
-	if cfg.MaxConcurrent > 0 {
-		s.slots = make(chan struct{}, cfg.MaxConcurrent)
 	}
 	var err error
 	if s.metrics, err = newMetrics(cfg.Registry, eng); err != nil {

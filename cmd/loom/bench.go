@@ -108,7 +108,7 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				target = &bench.OpenAI{BaseURL: root, Model: servedModel, Chat: chat, IgnoreEOS: ignoreEOS,
 					Temperature: temperature, APIKey: apiKey, Client: client}
 			} else {
-				m, eng, done, err := ef.start(cmd, dir, true, 0)
+				m, eng, done, err := ef.start(cmd, dir, true, 0, 0)
 				if err != nil {
 					return err
 				}

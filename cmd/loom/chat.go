@@ -51,7 +51,7 @@ conversation, /exit (or end of input) quits.`,
 			if err != nil {
 				return err
 			}
-			m, eng, done, err := ef.start(cmd, dir, true, 0)
+			m, eng, done, err := ef.start(cmd, dir, true, 0, 0)
 			if err != nil {
 				return err
 			}

@@ -56,7 +56,8 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 // The caller closes the engine, then calls done to release the model. In a multi-process
 // world (WORLD_SIZE > 1, see processEnv) this process loads its own rank only; rank 0 gets
 // its engine, the other ranks follow it and exit without returning (see startFollower).
-func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxQueue int) (*model.Model, *engine.Engine, func() error, error) {
+// queueOnFull, maxConcurrent and maxQueue are the engine's admission (engine.Options).
+func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, maxConcurrent, maxQueue int) (*model.Model, *engine.Engine, func() error, error) {
 	mesh, err := e.ranks.resolve()
 	if err != nil {
 		return nil, nil, nil, err
@@ -75,7 +76,7 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 	}
 	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
-		QueueOnFull: queueOnFull, MaxQueue: maxQueue, SyncSteps: e.syncSteps,
+		QueueOnFull: queueOnFull, MaxConcurrent: maxConcurrent, MaxQueue: maxQueue, SyncSteps: e.syncSteps,
 	}
 	if err := withProcessEnv(&opts, dev); err != nil {
 		return nil, nil, nil, err
@@ -175,7 +176,7 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 				return fmt.Errorf("--port must be between 0 and 65535, got %d", port)
 			}
 			queue := overload == "queue"
-			m, eng, done, err := ef.start(cmd, dir, queue, maxQueue)
+			m, eng, done, err := ef.start(cmd, dir, queue, maxConcurrent, maxQueue)
 			if err != nil {
 				return err
 			}
@@ -192,7 +193,6 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 				}
 			}
 			cfg.Registry = reg
-			cfg.MaxConcurrent, cfg.QueueWhenFull, cfg.MaxQueue = maxConcurrent, queue, maxQueue
 			if defaultMax > 0 {
 				cfg.DefaultMaxTokens = defaultMax
 			}
@@ -231,8 +231,8 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 	f.IntVar(&port, "port", 8000, "port to listen on (0: any free port)")
 	f.StringVar(&name, "served-model-name", "", "model name in the API (default: the directory's name)")
 	f.StringVar(&overload, "overload", "queue", "when the engine is full: queue (wait) or reject (HTTP 429)")
-	f.IntVar(&maxQueue, "max-queue", 0, "most requests waiting in the engine's queue (0: the engine's default, 1024)")
-	f.IntVar(&maxConcurrent, "max-concurrent", 0, "most requests in the engine at once, counted by the server (0: no limit of its own)")
+	f.IntVar(&maxQueue, "max-queue", 0, "most requests waiting to start, in the engine's queue or held for a slot of --max-concurrent (0: the engine's default, 1024)")
+	f.IntVar(&maxConcurrent, "max-concurrent", 0, "most requests in the engine at once, running or queued (0: no limit); past it requests wait for a slot (--overload queue) or get HTTP 429")
 	f.IntVar(&defaultMax, "default-max-tokens", 0, "max_tokens of completion requests that give none (0: 16, as OpenAI)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 5*time.Minute, "how long to wait for requests in flight on SIGTERM")
 	ef.register(cmd)
