@@ -518,7 +518,7 @@ func (r *PeerRank) allReduce(out, x *Tensor) error {
 	return nil
 }
 
-// AllReduceAddRMSNorm is AllReduce of x followed by Device.AddRMSNorm, in one kernel, as
+// AllReduceAddRMSNorm is AllReduce of x followed by AddRMSNorm, in one kernel, as
 // graph op all_reduce_add_rmsnorm: sum = round(allreduce(x)) + residual, of dtype
 // promote(x, residual); normed = rmsnorm(sum) * w, of dtype promote(w, sum). x and residual
 // are [..., D], w is [D]; x holds at most MaxBytes bytes. Results are bit-identical to

@@ -17,7 +17,7 @@
 //	for _, m := range matches {
 //		e, _ := m.Scalar(eps)
 //		err := m.Replace(func(b *graph.Builder) ([]*graph.Value, error) {
-//			return []*graph.Value{b.Op("rms_norm", graph.Attrs{"eps": e}, m.Get(x), m.Get(w))}, nil
+//			return []*graph.Value{b.Op("rmsnorm", graph.Attrs{"eps": e}, m.Get(x), m.Get(w))}, nil
 //		})
 //		...
 //	}
