@@ -260,3 +260,28 @@ func TestFusedOpsDecomposedOnGPU(t *testing.T) {
 		}
 	}
 }
+
+// Every op of the frontends' plain fixture graphs (primitives only) has a CUDA kernel
+// (checked without a GPU): with the primitive kernels a plain graph compiles on CUDA.
+func TestPlainGraphOpsHaveKernels(t *testing.T) {
+	for _, name := range fixtures {
+		_, plain, _ := fixtureGraphs(t, name, tensor.F32)
+		if err := missingKernels(plain, nil); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// The frontends' plain graphs (primitives only: the primitive kernels end to end) give the
+// CPU's logits on the GPU.
+func TestPlainGraphOnGPU(t *testing.T) {
+	d := gpu(t)
+	for _, name := range fixtures[:3] {
+		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
+			t.Run(name+"/"+act.String(), func(t *testing.T) {
+				m, plain, _ := fixtureGraphs(t, name, act)
+				checkAgainstCPU(t, d, name, act, m, plain)
+			})
+		}
+	}
+}
