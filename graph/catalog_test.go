@@ -307,6 +307,7 @@ func inferCases() []inferCase {
 		)
 	}
 	cases = append(cases, packedInferCases()...)
+	cases = append(cases, moeInferCases()...)
 	return cases
 }
 

@@ -28,6 +28,7 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"fused":        buildFused,
 		"collective":   buildCollective,
 		"packed":       buildPacked,
+		"moe":          buildMoE,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {

@@ -1,0 +1,108 @@
+package graph
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// moeInferCases are the inference cases of the mixture-of-experts ops (catalog_moe.go).
+func moeInferCases() []inferCase {
+	return []inferCase{
+		{op: "topk", in: []Type{ty(f32t, "B", "S", 8)}, attrs: Attrs{"k": 2}, want: []Type{ty(f32t, "B", "S", 2), ty(i32, "B", "S", 2)}},
+		{op: "topk", in: []Type{ty(bf16, 5)}, attrs: Attrs{"k": 5}, want: []Type{ty(bf16, 5), ty(i32, 5)}},
+		{op: "topk", in: []Type{ty(f32t, "B", 4)}, attrs: Attrs{"k": 5}, err: "k = 5 is not in [1, 4]"},
+		{op: "topk", in: []Type{ty(f32t, "B", 4)}, attrs: Attrs{"k": 0}, err: "k = 0 is not in [1, 4]"},
+		{op: "topk", in: []Type{ty(f32t, "B", "E")}, attrs: Attrs{"k": 1}, err: "topk along a symbolic axis (E)"},
+		{op: "topk", in: []Type{ty(i32, 4)}, attrs: Attrs{"k": 1}, err: "topk needs a float input"},
+		{op: "topk", in: []Type{ty(f32t)}, attrs: Attrs{"k": 1}, err: "topk needs a float input of rank >= 1"},
+		{op: "topk", in: []Type{ty(f32t, 4)}, err: "missing required attribute k"},
+	}
+}
+
+// buildMoE is a sparse mixture-of-experts block as the frontends write it
+// (DecomposeMoE): router, softmax, topk, one-hot scatter of the weights, experts.
+func buildMoE() (*Graph, error) {
+	const hidden, width, experts = 8, 6, 3
+	b := NewBuilder("moe")
+	x := b.Input("x", tensor.F32, Shape{symB, symS, D(hidden)})
+	b.SetScope("model.layers.0.mlp")
+	router := b.Param("router", tensor.BF16, Dims(experts, hidden))
+	var ex []MoEExpert
+	for e := range experts {
+		p := fmt.Sprintf("experts.%d.", e)
+		ex = append(ex, MoEExpert{
+			Gate: b.Param(p+"gate", tensor.BF16, Dims(width, hidden)),
+			Up:   b.Param(p+"up", tensor.BF16, Dims(width, hidden)),
+			Down: b.Param(p+"down", tensor.BF16, Dims(hidden, width)),
+		})
+	}
+	b.Output(DecomposeMoE(b, x, router, ex, MoERouting{TopK: 2, Renormalize: true, WeightDType: tensor.F32}))
+	return b.Build()
+}
+
+// The primitive MoE block: its ops, and the dtypes its routing weights take.
+func TestDecomposeMoE(t *testing.T) {
+	g, err := buildMoE()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]int{}
+	for _, n := range g.Nodes {
+		ops[n.Op]++
+	}
+	for op, want := range map[string]int{
+		"softmax": 1, "topk": 1, "iota": 1, "eq": 1, "where": 1, "sum": 2, "div": 1, // routing, renormalised
+		"linear": 1 + 3*3, "silu": 3, "slice": 3, "add": 2, "cast": 0, // experts; f32 all along
+	} {
+		if ops[op] != want {
+			t.Errorf("%d %s nodes, want %d (all: %v)", ops[op], op, want, ops)
+		}
+	}
+	if out := g.Outputs[0].Type; !out.Equal(ty(f32t, "B", "S", 8)) {
+		t.Errorf("output %s", out)
+	}
+
+	// Qwen's routing: no renormalisation, the weights cast back to the logits' dtype.
+	b := NewBuilder("route")
+	logits := b.Input("logits", tensor.BF16, Shape{symB, symS, D(4)})
+	w := DecomposeMoERouting(b, logits, MoERouting{TopK: 3, WeightDType: tensor.BF16})
+	b.Output(w)
+	g, err = b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Type.Equal(ty(bf16, "B", "S", 4)) {
+		t.Errorf("weights %s, want bf16[B,S,4]", w.Type)
+	}
+	var casts []string
+	for _, n := range g.Nodes {
+		if n.Op == "cast" {
+			casts = append(casts, n.Inputs[0].Type.DType.String()+"->"+n.Out().Type.DType.String())
+		}
+		if n.Op == "div" {
+			t.Error("routing without Renormalize divides")
+		}
+	}
+	if got := strings.Join(casts, " "); got != "bf16->f32 f32->bf16" {
+		t.Errorf("casts %q, want the logits to f32 for softmax and the weights back to bf16", got)
+	}
+}
+
+func TestDecomposeMoEErrors(t *testing.T) {
+	b := NewBuilder("bad")
+	x := b.Input("x", tensor.F32, Shape{symB, D(8)})
+	router := b.Param("router", tensor.F32, Dims(3, 8))
+	DecomposeMoE(b, x, router, []MoEExpert{}, MoERouting{TopK: 1, WeightDType: tensor.F32})
+	if err := b.Err(); err == nil || !strings.Contains(err.Error(), "router weight [3,8] does not fit 0 experts") {
+		t.Errorf("error %v", err)
+	}
+	b = NewBuilder("bad k")
+	logits := b.Input("logits", tensor.F32, Shape{symB, D(3)})
+	DecomposeMoERouting(b, logits, MoERouting{TopK: 4, WeightDType: tensor.F32})
+	if err := b.Err(); err == nil || !strings.Contains(err.Error(), "k = 4 is not in [1, 3]") {
+		t.Errorf("error %v", err)
+	}
+}

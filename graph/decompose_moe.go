@@ -1,0 +1,91 @@
+package graph
+
+import (
+	"fmt"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// The primitive form of a sparse mixture-of-experts block, as the frontends write it (see
+// decompose.go for the other building blocks).
+
+// MoEExpert is one expert's SwiGLU weights: down(silu(x·gateᵀ) * (x·upᵀ)).
+type MoEExpert struct{ Gate, Up, Down *Value }
+
+// MoERouting says how a router's logits become each token's expert weights.
+type MoERouting struct {
+	// TopK is how many experts each token goes to.
+	TopK int
+	// Renormalize divides the top-k probabilities by their sum (Mixtral; Qwen's
+	// norm_topk_prob).
+	Renormalize bool
+	// WeightDType is the dtype the expert weights are rounded to before they multiply the
+	// experts' outputs: f32 for Mixtral, the activations' for Qwen-MoE, which casts them to
+	// the router logits' dtype.
+	WeightDType tensor.DType
+}
+
+// DecomposeMoERouting emits the dense routing weights [...,E] of router logits[...,E], as
+// Hugging Face's top-k routers compute them: softmax over the experts in f32, the k largest
+// probabilities (topk), divided by their sum when r.Renormalize, cast to r.WeightDType, each
+// put back in its expert's column; the other columns are exactly 0.
+func DecomposeMoERouting(b *Builder, logits *Value, r MoERouting) *Value {
+	s := logits.Type.Shape
+	if b.Err() != nil {
+		return b.placeholder()
+	}
+	if len(s) == 0 || s[len(s)-1].IsSym() {
+		b.Fail(fmt.Errorf("moe routing: router logits %s need a constant expert axis", s))
+		return b.placeholder()
+	}
+	experts := s[len(s)-1].Size
+	probs := b.Softmax(castTo(b, logits, tensor.F32), -1)
+	vals, idx := b.TopK(probs, r.TopK)
+	if r.Renormalize {
+		vals = b.Div(vals, b.Reduce("sum", vals, true, -1))
+	}
+	vals = castTo(b, vals, r.WeightDType)
+	// One-hot scatter: column e of token t holds the weight of the top-k slot that chose e.
+	// A token picks distinct experts, so each sum below adds one weight to exact zeros.
+	slot := append(s[:len(s)-1:len(s)-1].Clone(), D(r.TopK), D(1)) // [...,k,1]
+	chosen := b.Compare("eq", b.Reshape(idx, slot...), b.Iota(tensor.I32, Dims(experts), 0))
+	spread := b.Where(chosen, b.Reshape(vals, slot...), b.Scalar(r.WeightDType, 0)) // [...,k,E]
+	return b.Reduce("sum", spread, false, -2)
+}
+
+// DecomposeMoE emits a sparse mixture-of-experts block on x[...,H] in primitives: router
+// logits x·routerᵀ, the dense routing weights of DecomposeMoERouting, then every expert's
+// SwiGLU on every token, each output times its column of weights (cast back to x's dtype),
+// summed in expert order. Tokens skip no expert here, but a weight of exactly 0 adds exact
+// zeros (as long as no unchosen expert's output is infinite or NaN), so the sum is Hugging
+// Face's, which adds only the chosen experts, in expert order (its eager experts loop; its
+// grouped implementation sums in top-k order, the same sum for k = 2). The fused moe op
+// computes only the chosen experts; this is its reference.
+func DecomposeMoE(b *Builder, x, router *Value, experts []MoEExpert, r MoERouting) *Value {
+	if n := router.Type.Shape; b.Err() == nil && (len(n) != 2 || n[0] != D(len(experts))) {
+		b.Fail(fmt.Errorf("moe: router weight %s does not fit %d experts", n, len(experts)))
+	}
+	weights := DecomposeMoERouting(b, b.Linear(x, router), r)
+	var out *Value
+	for e, w := range experts {
+		y := b.Linear(b.Mul(b.Unary("silu", b.Linear(x, w.Gate)), b.Linear(x, w.Up)), w.Down)
+		y = castTo(b, b.Mul(y, b.Slice(weights, -1, e, e+1)), x.Type.DType)
+		if out == nil {
+			out = y
+		} else {
+			out = b.Add(out, y)
+		}
+	}
+	if out == nil { // no experts: an error is recorded
+		return b.placeholder()
+	}
+	return out
+}
+
+// castTo casts x to dt unless it already has that dtype.
+func castTo(b *Builder, x *Value, dt tensor.DType) *Value {
+	if x.Type.DType == dt {
+		return x
+	}
+	return b.Cast(x, dt)
+}
