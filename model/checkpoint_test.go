@@ -38,20 +38,24 @@ func expectedShapes(cfg *Config) map[string][]int {
 	}
 	if cfg.IsMoE() {
 		e := fmt.Sprintf("experts.%d.", cfg.NumLocalExperts-1)
-		want[last+"block_sparse_moe.gate.weight"] = []int{cfg.NumLocalExperts, h}
-		want[last+"block_sparse_moe."+e+"w1.weight"] = []int{cfg.IntermediateSize, h}
-		want[last+"block_sparse_moe."+e+"w2.weight"] = []int{h, cfg.IntermediateSize}
-		want[last+"block_sparse_moe."+e+"w3.weight"] = []int{cfg.IntermediateSize, h}
+		blk, w1, w2, w3, width := "block_sparse_moe.", "w1", "w2", "w3", cfg.IntermediateSize
+		if cfg.ModelType != "mixtral" { // qwen2_moe, qwen3_moe (whose fixtures' last layer is sparse)
+			blk, w1, w2, w3, width = "mlp.", "gate_proj", "down_proj", "up_proj", cfg.MoE.IntermediateSize
+		}
+		want[last+blk+"gate.weight"] = []int{cfg.NumLocalExperts, h}
+		want[last+blk+e+w1+".weight"] = []int{width, h}
+		want[last+blk+e+w2+".weight"] = []int{h, width}
+		want[last+blk+e+w3+".weight"] = []int{width, h}
 	} else {
 		want["model.layers.0.mlp.gate_proj.weight"] = []int{cfg.IntermediateSize, h}
 		want["model.layers.0.mlp.up_proj.weight"] = []int{cfg.IntermediateSize, h}
 		want[last+"mlp.down_proj.weight"] = []int{h, cfg.IntermediateSize}
 	}
 	switch cfg.ModelType {
-	case "qwen2":
+	case "qwen2", "qwen2_moe":
 		want["model.layers.0.self_attn.q_proj.bias"] = []int{q}
 		want["model.layers.0.self_attn.k_proj.bias"] = []int{kv}
-	case "qwen3":
+	case "qwen3", "qwen3_moe":
 		want["model.layers.0.self_attn.q_norm.weight"] = []int{hd}
 		want[last+"self_attn.k_norm.weight"] = []int{hd}
 	}

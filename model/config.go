@@ -51,8 +51,9 @@ type Config struct {
 	EOSTokenIDs []int // eos_token_id as a list (it may be an int or a list); empty when none
 	PadTokenID  int   // -1 when absent or null
 
-	NumLocalExperts  int // Mixtral num_local_experts (or num_experts); 0 for dense models
-	NumExpertsPerTok int // experts each token is routed to
+	NumLocalExperts  int       // Mixtral num_local_experts (or num_experts); 0 for dense models
+	NumExpertsPerTok int       // experts each token is routed to
+	MoE              MoEConfig // the other mixture-of-experts settings (moe.go)
 
 	Rope RopeConfig
 
@@ -123,6 +124,7 @@ func ParseConfig(data []byte, source string) (*Config, error) {
 	c.PadTokenID = firstID(f.ids("pad_token_id"))
 	c.NumLocalExperts = f.int("num_local_experts", f.int("num_experts", 0))
 	c.NumExpertsPerTok = f.int("num_experts_per_tok", 0)
+	c.MoE = parseMoE(f)
 	c.Rope = parseRope(f)
 
 	// Validation, in the order a reader would check the file.
@@ -153,7 +155,11 @@ func ParseConfig(data []byte, source string) (*Config, error) {
 	f.nonNegative("num_experts", c.NumLocalExperts) // the other name, read when num_local_experts is absent
 	f.nonNegative("num_experts_per_tok", c.NumExpertsPerTok)
 	if c.NumLocalExperts > 0 && (c.NumExpertsPerTok < 1 || c.NumExpertsPerTok > c.NumLocalExperts) {
-		f.fail("num_experts_per_tok must be in [1, %d] (num_local_experts), got %d", c.NumLocalExperts, c.NumExpertsPerTok)
+		experts := "num_local_experts"
+		if !f.has(experts) {
+			experts = "num_experts"
+		}
+		f.fail("num_experts_per_tok must be in [1, %d] (%s), got %d", c.NumLocalExperts, experts, c.NumExpertsPerTok)
 	}
 	for _, id := range c.EOSTokenIDs {
 		if id < 0 {

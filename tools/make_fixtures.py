@@ -10,6 +10,11 @@
 # Recompute reference.json for existing fixture folders (no tokenizer training, so the `tokenizers`
 # package is only needed to encode the prompts):
 #   python3 tools/make_fixtures.py --references-only [--loom-tokenize] DIR [DIR ...]
+# The mixture-of-experts fixtures (tiny-qwen2moe, tiny-qwen3moe) train no tokenizer either: they copy
+# tiny-qwen2's files (from OUTDIR, else testdata) and its reference.json's "tokenize" and "chat" sections,
+# so they build without the `tokenizers` package, given --loom-tokenize:
+#   python3 tools/make_fixtures.py [--loom-tokenize] OUTDIR tiny-qwen2moe tiny-qwen3moe
+# and --references-only works on them as on the others once they exist.
 # This sets config.json's max_position_embeddings to the value below, checks that the seeded weights
 # rebuilt from the table below equal model.safetensors bit for bit, keeps the file's "tokenize" and
 # "chat" sections and rewrites "prompts". A prompt already in the old reference.json must tokenize to
@@ -20,17 +25,18 @@
 # transformers run sees it (that keeps the rotary inv_freq buffer in f32; converting the live bf16
 # model back to f32 would round it through bf16), with eager attention. Greedy = argmax at every step,
 # recomputing the whole sequence, BOS visible (generate() with pad_token_id=0 took a leading id 0,
-# the BOS of the llama3-style tokenizers, for left padding).
+# the BOS of the llama3-style tokenizers, for left padding). Mixture-of-experts models run transformers'
+# eager experts loop (experts_implementation="eager": each token's chosen experts summed in expert order;
+# the default grouped implementation sums them in top-k order, the same sum for top-2).
 import sys, os, json, glob, math, re, subprocess
 import torch
 from transformers import PreTrainedTokenizerFast, AutoModelForCausalLM, AutoTokenizer
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config, MixtralConfig, MistralConfig
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config, MixtralConfig, MistralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 REFS_ONLY = "--references-only" in sys.argv
 LOOM_TOKENIZE = "--loom-tokenize" in sys.argv
 ARGS = [a for a in sys.argv[1:] if a not in ("--references-only", "--loom-tokenize")]
 if not REFS_ONLY:
-    from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors, normalizers, Regex
     OUT = ARGS[0]
     ONLY = set(ARGS[1:])
     os.makedirs(OUT, exist_ok=True)
@@ -55,6 +61,7 @@ LLAMA2_CHAT = "{{ bos_token }}{% for message in messages %}{% if message['role']
 
 
 def byte_level_tokenizer(style, vocab):
+    from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors, normalizers, Regex
     tok = Tokenizer(models.BPE())
     if style == "llama3":
         specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -85,6 +92,7 @@ def byte_level_tokenizer(style, vocab):
 def sentencepiece_tokenizer(style, vocab):
     """SentencePiece-style BPE as in Llama 2 ("legacy": Prepend+Replace normalizer) or Mistral
     ("metaspace": Metaspace pre-tokenizer), with <0xNN> byte-fallback tokens at ids 3..258."""
+    from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors
     specials = ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
@@ -167,9 +175,15 @@ def seeded_model(cfg_cls, seed, vocab_size, bos, eos, kw):
     return model.to(torch.bfloat16)
 
 
+def is_moe(d):
+    cfg = json.load(open(os.path.join(d, "config.json"), encoding="utf-8"))
+    return bool(cfg.get("num_local_experts") or cfg.get("num_experts"))
+
+
 def references(d, encode, decode):
     """Reference outputs of the checkpoint in folder d, loaded as a user's transformers run loads it."""
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    extra = {"experts_implementation": "eager"} if is_moe(d) else {}
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **extra).eval()
     assert model.config._attn_implementation == "eager"
     out = []
     with torch.no_grad():
@@ -193,9 +207,64 @@ def references(d, encode, decode):
     return out
 
 
+COPIED_TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+
+
+def fixture_source(name):
+    """The folder of an already built fixture: OUTDIR's, else the repository's testdata."""
+    for root in (OUT, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "testdata")):
+        if os.path.exists(os.path.join(root, name, "reference.json")):
+            return os.path.join(root, name)
+    raise SystemExit("fixture %s (whose tokenizer is copied) is neither in %s nor in testdata" % (name, OUT))
+
+
+def build_copied_tokenizer(name, cfg_cls, src_name, seed, kw):
+    """A fixture with the tokenizer of the fixture src_name: its files, vocabulary size, BOS/EOS, and the
+    "tokenize" and "chat" sections of its reference.json. Prompts are encoded by HF's tokenizer when the
+    `tokenizers` package is there (else, or with --loom-tokenize, by Loom's) and must give src's ids."""
+    import shutil
+    src = fixture_source(src_name)
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    weights = os.path.join(d, "model.safetensors")
+    old = open(weights, "rb").read() if os.path.exists(weights) else None
+    src_cfg = json.load(open(os.path.join(src, "config.json"), encoding="utf-8"))
+    src_ref = json.load(open(os.path.join(src, "reference.json"), encoding="utf-8"))
+    kw = {k: v for k, v in kw.items() if k != "vocab_size"}
+    model = seeded_model(cfg_cls, seed, src_cfg["vocab_size"], src_cfg["bos_token_id"], src_cfg["eos_token_id"], kw)
+    model.save_pretrained(d, safe_serialization=True)
+    for f in COPIED_TOKENIZER_FILES:
+        shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
+    if old is not None:
+        print(name, "model.safetensors", "unchanged" if open(weights, "rb").read() == old else "CHANGED", flush=True)
+    try:
+        import tokenizers  # noqa: F401
+        hf_tok = not LOOM_TOKENIZE
+    except ImportError:
+        hf_tok = False
+    if hf_tok:
+        tok = AutoTokenizer.from_pretrained(d)
+        encode, decode = (lambda p: tok.encode(p, add_special_tokens=True)), tok.decode
+    else:
+        encode, decode = loom_encode(d), tokenizer_json_decode(d)
+    src_ids = {p["text"]: p["ids"] for p in src_ref["prompts"]}
+
+    def checked_encode(p):
+        ids = encode(p)
+        assert src_ids.get(p) == ids, (name, "tokenizes differently from", src_name, p, ids, src_ids.get(p))
+        return ids
+    ref = {"model": name, "note": NOTE, "tokenize": src_ref["tokenize"],
+           "prompts": references(d, checked_encode, decode), "chat": src_ref["chat"]}
+    json.dump(ref, open(os.path.join(d, "reference.json"), "w"))
+    print(name, "params", sum(p.numel() for p in model.parameters()), "vocab", src_cfg["vocab_size"],
+          "tokenizer of", src_name, "files", sorted(os.listdir(d)), flush=True)
+
+
 def build(name, cfg_cls, style, seed, kw):
     if ONLY and name not in ONLY:
         return
+    if style.startswith("copy:"):
+        return build_copied_tokenizer(name, cfg_cls, style[len("copy:"):], seed, kw)
     kw = dict(kw)
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
@@ -359,6 +428,20 @@ FIXTURES = [
     ("tiny-gqa6", LlamaConfig, "llama3", 11, dict(
         hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1,
         head_dim=16, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False)),
+    # Qwen2-MoE (tiny-qwen2's tokenizer): q/k/v bias, 4 experts, top-2 not renormalised (norm_topk_prob false),
+    # a shared expert scaled by sigmoid(shared_expert_gate) in every layer.
+    ("tiny-qwen2moe", Qwen2MoeConfig, "copy:tiny-qwen2", 12, dict(
+        hidden_size=64, intermediate_size=160, moe_intermediate_size=48, shared_expert_intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=False, decoder_sparse_step=1, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=False)),
+    # Qwen3-MoE (tiny-qwen2's tokenizer): per-head q/k RMSNorm, head_dim 24, 4 experts, top-2 renormalised
+    # (norm_topk_prob), decoder_sparse_step 2: layer 0 keeps a dense MLP (intermediate_size), layer 1 is sparse.
+    ("tiny-qwen3moe", Qwen3MoeConfig, "copy:tiny-qwen2", 13, dict(
+        hidden_size=64, intermediate_size=160, moe_intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=2, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False)),
 ]
 

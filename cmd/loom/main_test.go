@@ -90,7 +90,7 @@ func TestGenerateErrors(t *testing.T) {
 		{"id out of vocab", []string{"generate", "--model", dir, "--prompt-ids", "1,99999"}, "outside the vocabulary"},
 		{"missing model", []string{"generate", "--model", filepath.Join(t.TempDir(), "nope"), "--prompt-ids", "1"}, "nope"},
 		{"negative count", []string{"generate", "--model", dir, "--prompt-ids", "1", "--max-new-tokens", "-1"}, "--max-new-tokens"},
-		{"unsupported architecture", []string{"inspect", "--model", filepath.Join("..", "..", "testdata", "tiny-mixtral")}, "supported: LlamaForCausalLM"},
+		{"unsupported architecture", []string{"inspect", "--model", unsupportedModel(t)}, "supported: LlamaForCausalLM"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stdout, _, err := run(t, tc.args...)

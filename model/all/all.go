@@ -2,5 +2,5 @@
 package all
 
 import (
-	_ "github.com/loom-ml/loom/model/llama" // Llama, Mistral, Qwen2, Qwen3
+	_ "github.com/loom-ml/loom/model/llama" // Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE
 )

@@ -1,9 +1,10 @@
 // Package llama is the frontend of the Llama family of decoders: LlamaForCausalLM (Llama 2,
 // 3, 3.1, 3.2), MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias) and Qwen3ForCausalLM
-// (per-head q/k RMSNorm). It writes the model as plain primitive ops, mirroring Hugging
-// Face's modeling code line by line: RMSNorm, rotary embeddings with cos/sin computed from
-// positions, GQA head repetition, the causal mask and SwiGLU all stay visible so the
-// transform pipeline can recognise them.
+// (per-head q/k RMSNorm), and their mixture-of-experts relatives MixtralForCausalLM,
+// Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (moe.go). It writes the model as plain
+// primitive ops, mirroring Hugging Face's modeling code line by line: RMSNorm, rotary
+// embeddings with cos/sin computed from positions, GQA head repetition, the causal mask and
+// SwiGLU all stay visible so the transform pipeline can recognise them.
 package llama
 
 import (
@@ -19,6 +20,7 @@ import (
 type variant struct {
 	qkvBias bool // Qwen2: q/k/v projections have biases
 	qkNorm  bool // Qwen3: RMSNorm over each head of q and k before rotary
+	moe     *moe // mixture-of-experts models: their sparse blocks (moe.go)
 }
 
 func init() {
@@ -160,6 +162,9 @@ func (b *builder) layer(l int, h, cos, sin, mask *graph.Value, v variant) *graph
 
 	b.SetScope(p + ".post_attention_layernorm")
 	x = b.rmsnorm(h, b.param(p+".post_attention_layernorm.weight", cfg.HiddenSize), cfg.RMSNormEps)
+	if v.moe != nil && cfg.IsSparseLayer(l) {
+		return b.Add(h, b.sparseMoE(p, x, v.moe))
+	}
 	b.SetScope(p + ".mlp")
 	return b.Add(h, b.mlp(p+".mlp", x))
 }
