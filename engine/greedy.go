@@ -1,23 +1,3 @@
-// Package engine runs compiled models: it loads a checkpoint, builds, optimizes and compiles
-// its graph (Load), and generates tokens for many requests at once (Engine).
-//
-// An Engine owns the paged KV cache (package kvcache) and a continuous-batching scheduler:
-// requests join and leave the running batch at every step, a step holds decodes and prompt
-// chunks together, and each request streams its tokens back (Submit, Stream.Recv). The graph
-// it runs went through insert_cached_attention, so a step is one row of flattened tokens
-// (B = 1, S = every sequence's new tokens) with per-sequence metadata; see stepInputs.
-//
-//	m, _ := engine.Load(ctx, dir, engine.LoadOptions{Optimize: true})
-//	e, _ := engine.New(ctx, m, engine.Options{MaxBatch: 16})
-//	defer e.Close()
-//	st, _ := e.Submit(ctx, engine.Request{Prompt: ids, MaxTokens: 32})
-//	for {
-//		ev, err := st.Recv(ctx) // io.EOF after the event with Finish set
-//		...
-//	}
-//
-// GreedyRecompute, which runs the whole sequence again for every token, is the reference
-// the engine is tested against.
 package engine
 
 import (
