@@ -19,6 +19,12 @@ func moeInferCases() []inferCase {
 		{op: "topk", in: []Type{ty(i32, 4)}, attrs: Attrs{"k": 1}, err: "topk needs a float input"},
 		{op: "topk", in: []Type{ty(f32t)}, attrs: Attrs{"k": 1}, err: "topk needs a float input of rank >= 1"},
 		{op: "topk", in: []Type{ty(f32t, 4)}, err: "missing required attribute k"},
+
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4}, want: []Type{ty(bf16, 4, 6, 8)}},
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4, "slice_dim": 0, "slice_index": 1, "slice_count": 2}, want: []Type{ty(bf16, 2, 6, 8)}},
+		{op: "param", attrs: Attrs{"key": "e.0.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4}, err: "the key needs exactly one *"},
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(3, 6, 8), "stack": 4}, err: "does not start with the 4 stacked members"},
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": -1}, err: "stack -1 is negative"},
 	}
 }
 

@@ -77,7 +77,7 @@ const OpConst = "const"
 // Sources: ops with no inputs.
 func init() {
 	Register(&OpSpec{
-		Name: OpParam, Doc: "A weight read from the checkpoint at load time; optionally one slice of it (for sharding).",
+		Name: OpParam, Doc: "A weight read from the checkpoint at load time; optionally one slice of it (for sharding). A stacked param (stack=N) is N checkpoint tensors of one dtype and shape stacked along a new dimension 0, member i named by the key with its * replaced by i (a mixture-of-experts op's expert weights); see ParamRef.",
 		Attrs: []AttrSpec{
 			{Name: "key", Type: AttrString, Doc: "the checkpoint tensor name"},
 			{Name: "dtype", Type: AttrDType, Doc: "the stored dtype"},
@@ -85,6 +85,7 @@ func init() {
 			{Name: "slice_dim", Type: AttrInt, Default: -1, Doc: "the dimension cut into slice_count equal parts; -1: no slice"},
 			{Name: "slice_index", Type: AttrInt, Default: 0, Doc: "which part this graph reads"},
 			{Name: "slice_count", Type: AttrInt, Default: 1, Doc: "how many parts"},
+			{Name: "stack", Type: AttrInt, Default: 0, Doc: "0: the key names one tensor; N > 0: N tensors stacked along dimension 0, the key holding one * for the member's index"},
 		},
 		Infer: func(n *Node) ([]Type, error) {
 			s := n.Attrs.Shape("shape")
@@ -99,6 +100,15 @@ func init() {
 			}
 			if err := checkDType(n.Attrs.DType("dtype")); err != nil {
 				return nil, fmt.Errorf("param %q: %w", n.Attrs.String("key"), err)
+			}
+			if stack := n.Attrs.Int("stack"); stack != 0 {
+				ref := ParamRef{Key: n.Attrs.String("key"), Stack: stack, Shape: make([]int, len(s))}
+				for i, d := range s {
+					ref.Shape[i] = d.Size
+				}
+				if err := ref.CheckStack(); err != nil {
+					return nil, err
+				}
 			}
 			out := s.Clone()
 			if dim := n.Attrs.Int("slice_dim"); dim >= 0 {

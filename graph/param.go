@@ -1,7 +1,11 @@
 package graph
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -9,6 +13,15 @@ import (
 // ParamRef describes the checkpoint data a param node reads: the tensor Key, its stored
 // DType and full Shape, and optionally one slice of it. With SliceDim >= 0, dimension
 // SliceDim is cut into SliceCount equal parts and part SliceIndex is read.
+//
+// A stacked param (Stack > 0) is Stack checkpoint tensors of one dtype and shape stacked
+// along a new dimension 0, as a mixture-of-experts op reads its experts' weights: Key holds
+// one StackWildcard, and member i is the tensor whose name replaces it with i (Keys).
+// Shape is the stacked shape [Stack, member shape...]. A slice along dimension 0 selects
+// whole members (each expert-parallel rank reads only its experts); a slice along another
+// dimension cuts every member along the same dimension of its own (dimension d-1). The
+// members are read one by one at load time (LoadStack); nothing but the members the slice
+// selects, and only their part, is read.
 type ParamRef struct {
 	Key        string
 	DType      tensor.DType
@@ -16,7 +29,11 @@ type ParamRef struct {
 	SliceDim   int
 	SliceIndex int
 	SliceCount int
+	Stack      int
 }
+
+// StackWildcard marks, in the key of a stacked param, where each member's index goes.
+const StackWildcard = "*"
 
 // ParamOf returns the reference of a param node.
 func ParamOf(n *Node) (ParamRef, error) {
@@ -34,21 +51,119 @@ func ParamOf(n *Node) (ParamRef, error) {
 	return ParamRef{
 		Key: n.Attrs.String("key"), DType: n.Attrs.DType("dtype"), Shape: shape,
 		SliceDim: n.Attrs.Int("slice_dim"), SliceIndex: n.Attrs.Int("slice_index"), SliceCount: n.Attrs.Int("slice_count"),
+		Stack: n.Attrs.Int("stack"),
 	}, nil
+}
+
+// sliced reports the slice the reference reads, if any: a SliceDim < 0, or a SliceCount of
+// 0 (the zero ParamRef), reads the whole tensor.
+func (r ParamRef) sliced() (dim, index, count int, ok bool) {
+	if r.SliceDim < 0 || r.SliceCount == 0 {
+		return 0, 0, 1, false
+	}
+	return r.SliceDim, r.SliceIndex, r.SliceCount, true
 }
 
 // LocalShape is the shape of the part this reference reads.
 func (r ParamRef) LocalShape() []int {
 	s := append([]int(nil), r.Shape...)
-	if r.SliceDim >= 0 && r.SliceDim < len(s) && r.SliceCount > 0 {
-		s[r.SliceDim] /= r.SliceCount
+	if dim, _, count, ok := r.sliced(); ok && dim < len(s) && count > 0 {
+		s[dim] /= count
 	}
 	return s
 }
 
-func (r ParamRef) String() string {
-	if r.SliceDim < 0 {
-		return fmt.Sprintf("%q %s%v", r.Key, r.DType, r.Shape)
+// Keys lists the checkpoint tensors a reference reads: its Key, or for a stacked param the
+// key of every member, in order (all of them, whatever the slice).
+func (r ParamRef) Keys() []string {
+	if r.Stack <= 0 {
+		return []string{r.Key}
 	}
-	return fmt.Sprintf("%q %s%v slice %d/%d of dim %d", r.Key, r.DType, r.Shape, r.SliceIndex, r.SliceCount, r.SliceDim)
+	keys := make([]string, r.Stack)
+	for i := range keys {
+		keys[i] = strings.Replace(r.Key, StackWildcard, strconv.Itoa(i), 1)
+	}
+	return keys
+}
+
+// CheckStack checks a stacked reference: one wildcard in the key and a shape [Stack, ...].
+func (r ParamRef) CheckStack() error {
+	switch {
+	case r.Stack < 0:
+		return fmt.Errorf("param %q: stack %d is negative", r.Key, r.Stack)
+	case r.Stack == 0:
+		return nil
+	case strings.Count(r.Key, StackWildcard) != 1:
+		return fmt.Errorf("stacked param %q: the key needs exactly one %s where each member's index goes", r.Key, StackWildcard)
+	case len(r.Shape) < 1 || r.Shape[0] != r.Stack:
+		return fmt.Errorf("stacked param %q: shape %v does not start with the %d stacked members", r.Key, r.Shape, r.Stack)
+	}
+	return nil
+}
+
+// Members returns the plain references a stacked reference reads, in order, and the index
+// of the first among all members (nonzero when a slice along dimension 0 selects some).
+// Each member reference has the member shape (Shape without its first dimension) and, for a
+// slice along another dimension, that slice of the member.
+func (r ParamRef) Members() (refs []ParamRef, first int, err error) {
+	if r.Stack <= 0 {
+		return nil, 0, fmt.Errorf("param %q is not stacked", r.Key)
+	}
+	if err := r.CheckStack(); err != nil {
+		return nil, 0, err
+	}
+	keys := r.Keys()
+	lo, hi := 0, r.Stack
+	member := ParamRef{DType: r.DType, Shape: slices.Clone(r.Shape[1:]), SliceDim: -1, SliceCount: 1}
+	if dim, index, count, ok := r.sliced(); ok {
+		switch {
+		case dim >= len(r.Shape) || count < 1 || index < 0 || index >= count || r.Shape[dim]%count != 0:
+			return nil, 0, fmt.Errorf("stacked param %q: slice %d of %d along dimension %d does not fit shape %v", r.Key, index, count, dim, r.Shape)
+		case dim == 0:
+			part := r.Stack / count
+			lo, hi = index*part, (index+1)*part
+		default:
+			member.SliceDim, member.SliceIndex, member.SliceCount = dim-1, index, count
+		}
+	}
+	for i := lo; i < hi; i++ {
+		m := member
+		m.Key, m.Shape = keys[i], slices.Clone(member.Shape)
+		refs = append(refs, m)
+	}
+	return refs, lo, nil
+}
+
+// LoadStack reads a stacked reference through load, one member at a time (each as its
+// plain reference, see Members), into one tensor of r.LocalShape(). An error names the
+// member that failed and which it is.
+func LoadStack(ctx context.Context, r ParamRef, load func(context.Context, ParamRef) (*tensor.Tensor, error)) (*tensor.Tensor, error) {
+	members, first, err := r.Members()
+	if err != nil {
+		return nil, err
+	}
+	out := tensor.New(r.DType, r.LocalShape()...)
+	size := out.Numel() / max(len(members), 1)
+	for i, m := range members {
+		t, err := load(ctx, m)
+		if err != nil {
+			return nil, fmt.Errorf("stacked param %q, member %d of %d: %w", r.Key, first+i, r.Stack, err)
+		}
+		if t.DType != r.DType || t.Numel() != size || !slices.Equal(t.Shape, m.LocalShape()) {
+			return nil, fmt.Errorf("stacked param %q, member %d of %d (%q): got %s%v, want %s%v", r.Key, first+i, r.Stack, m.Key, t.DType, t.Shape, r.DType, m.LocalShape())
+		}
+		tensor.CopyRange(out, i*size, t, 0, size)
+	}
+	return out, nil
+}
+
+func (r ParamRef) String() string {
+	s := fmt.Sprintf("%q %s%v", r.Key, r.DType, r.Shape)
+	if r.Stack > 0 {
+		s += fmt.Sprintf(" stack of %d", r.Stack)
+	}
+	if dim, index, count, ok := r.sliced(); ok {
+		s += fmt.Sprintf(" slice %d/%d of dim %d", index, count, dim)
+	}
+	return s
 }

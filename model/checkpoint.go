@@ -245,9 +245,15 @@ func (c *Checkpoint) resolve(ref graph.ParamRef) (f *safetensors.File, dim, inde
 // Load reads the tensor, or the slice of it, that ref names: it checks the stored dtype and
 // full shape against ref, then copies only the slice's bytes out of the mapping. The result
 // has ref.DType and ref.LocalShape(). Errors name the file and the tensor.
+//
+// A stacked ref (ref.Stack > 0) reads its members one by one (graph.LoadStack): only the
+// members its slice selects, each only its part. An error names the member.
 func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("load %q: %w", ref.Key, err)
+	}
+	if ref.Stack != 0 {
+		return graph.LoadStack(ctx, ref, c.Load)
 	}
 	f, dim, index, count, err := c.resolve(ref)
 	if err != nil {
@@ -266,7 +272,8 @@ func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tens
 
 // Check validates every param node of g against the checkpoint before anything runs: each
 // tensor must exist, have a supported dtype equal to the node's, the node's full shape, and
-// a slice that fits. It reports every problem, each naming the file and the tensor.
+// a slice that fits (every member of a stacked param likewise). It reports every problem,
+// each naming the file and the tensor.
 func (c *Checkpoint) Check(g *graph.Graph) error {
 	var errs []error
 	params := g.Params()
@@ -274,6 +281,19 @@ func (c *Checkpoint) Check(g *graph.Graph) error {
 		ref, err := graph.ParamOf(n)
 		if err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		if ref.Stack != 0 {
+			members, first, err := ref.Members()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for i, m := range members {
+				if _, _, _, _, err := c.resolve(m); err != nil {
+					errs = append(errs, fmt.Errorf("stacked param %q, member %d of %d: %w", ref.Key, first+i, ref.Stack, err))
+				}
+			}
 			continue
 		}
 		if _, _, _, _, err := c.resolve(ref); err != nil {

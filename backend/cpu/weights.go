@@ -19,10 +19,14 @@ var _ backend.Weights = MapWeights(nil)
 
 // Load returns the tensor named ref.Key, or the part of it that ref selects. A missing key, a
 // dtype or shape other than the reference declares, or a slice that does not fit is an error
-// naming the key.
+// naming the key. A stacked ref reads its members (graph.LoadStack), each named by its own
+// key in the map.
 func (m MapWeights) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("load %q: %w", ref.Key, err)
+	}
+	if ref.Stack != 0 {
+		return graph.LoadStack(ctx, ref, m.Load)
 	}
 	t, ok := m[ref.Key]
 	if !ok || t == nil {

@@ -1,0 +1,79 @@
+package graph
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+func TestStackedParamRef(t *testing.T) {
+	ref := ParamRef{Key: "l.experts.*.w", DType: tensor.F32, Shape: []int{4, 2, 6}, Stack: 4, SliceDim: -1}
+	if got := ref.Keys(); !slices.Equal(got, []string{"l.experts.0.w", "l.experts.1.w", "l.experts.2.w", "l.experts.3.w"}) {
+		t.Errorf("Keys %v", got)
+	}
+	// Members hold value 100*e + i at element i of member e.
+	load := func(_ context.Context, m ParamRef) (*tensor.Tensor, error) {
+		var e int
+		if _, err := fmt.Sscanf(m.Key, "l.experts.%d.w", &e); err != nil || e == 3 {
+			return nil, fmt.Errorf("tensor %q not found", m.Key)
+		}
+		x := tensor.New(tensor.F32, m.LocalShape()...)
+		for i := range x.F32 {
+			r, c := i/x.Shape[1], i%x.Shape[1]
+			if dim, index, _, ok := m.sliced(); ok && dim == 0 {
+				r += index * x.Shape[0]
+			} else if ok {
+				c += index * x.Shape[1]
+			}
+			x.F32[i] = float32(100*e + r*6 + c)
+		}
+		return x, nil
+	}
+	for _, tc := range []struct {
+		dim, index, count int
+		first             float32 // the value of the first element read
+		shape             []int
+	}{
+		{0, 0, 2, 0, []int{2, 2, 6}},
+		{0, 1, 4, 100, []int{1, 2, 6}},
+		{2, 1, 3, 2, []int{4, 2, 2}},
+		{1, 1, 2, 6, []int{4, 1, 6}},
+	} {
+		r := ref
+		r.SliceDim, r.SliceIndex, r.SliceCount = tc.dim, tc.index, tc.count
+		if tc.dim != 0 || tc.index*4/tc.count+4/tc.count > 3 {
+			if _, err := LoadStack(context.Background(), r, load); err == nil || !strings.Contains(err.Error(), `member 3 of 4: tensor "l.experts.3.w" not found`) {
+				t.Errorf("%v: error %v, want member 3 named", r, err)
+			}
+			continue
+		}
+		x, err := LoadStack(context.Background(), r, load)
+		if err != nil {
+			t.Fatalf("%v: %v", r, err)
+		}
+		if !slices.Equal(x.Shape, tc.shape) || x.F32[0] != tc.first {
+			t.Errorf("%v: %v first %v, want %v first %v", r, x.Shape, x.F32[0], tc.shape, tc.first)
+		}
+	}
+	// Expert 1 of a dim-2 slice: member 1, columns 2..3 of each row.
+	r := ref
+	r.SliceDim, r.SliceIndex, r.SliceCount = 2, 1, 3
+	members, first, err := r.Members()
+	if err != nil || first != 0 || len(members) != 4 || members[1].Key != "l.experts.1.w" || members[1].SliceDim != 1 || !slices.Equal(members[1].LocalShape(), []int{2, 2}) {
+		t.Errorf("Members %v %d %v", members, first, err)
+	}
+	for _, bad := range []ParamRef{
+		{Key: "w", Shape: []int{4, 2}, Stack: 4},
+		{Key: "a.*.*", Shape: []int{4, 2}, Stack: 4},
+		{Key: "a.*", Shape: []int{3, 2}, Stack: 4},
+		{Key: "a.*", Shape: []int{4, 2}, Stack: 4, SliceDim: 0, SliceIndex: 0, SliceCount: 3},
+	} {
+		if _, _, err := bad.Members(); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
