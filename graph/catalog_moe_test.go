@@ -20,6 +20,18 @@ func moeInferCases() []inferCase {
 		{op: "topk", in: []Type{ty(f32t)}, attrs: Attrs{"k": 1}, err: "topk needs a float input of rank >= 1"},
 		{op: "topk", in: []Type{ty(f32t, 4)}, err: "missing required attribute k"},
 
+		{op: "moe", in: []Type{ty(f32t, "B", "S", 8), ty(bf16, 4, 8), ty(bf16, 4, 6, 8), ty(bf16, 4, 6, 8), ty(bf16, 4, 8, 6)}, attrs: Attrs{"top_k": 2}, want: []Type{ty(f32t, "B", "S", 8)}},
+		{op: "moe", in: []Type{ty(bf16, "S", 8), ty(bf16, 4, 8), ty(bf16, 2, 3, 8), ty(bf16, 2, 3, 8), ty(bf16, 2, 8, 3)}, attrs: Attrs{"top_k": 4, "normalize": true, "weight_dtype": bf16, "expert_offset": 2}, want: []Type{ty(bf16, "S", 8)}},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 2, 3, 8), ty(f32t, 2, 3, 8), ty(f32t, 2, 8, 3)}, attrs: Attrs{"top_k": 2, "expert_offset": 3}, err: "2 local experts at expert_offset 3 do not fit the router's 4 experts"},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 5}, err: "top_k = 5 is not in [1, 4]"},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8)}, attrs: Attrs{"top_k": 1}, err: "down [4,3,8] must be [L,H,I] = [4,8,3]"},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 2, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 1}, err: "gate [4,3,8] and up [4,2,8] must be [L,I,H]"},
+		{op: "moe", in: []Type{ty(f32t, "S", 6), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 1}, err: "x [S,6] does not fit router [E,H] = [4,8]"},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, "E", 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 1}, err: "router [E,8] must be a constant [E,H]"},
+		{op: "moe", in: []Type{ty(i32, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 1}, err: "moe needs float operands"},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 1, "weight_dtype": i32}, err: "weight_dtype i32 is not a float dtype"},
+		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, err: "missing required attribute top_k"},
+
 		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4}, want: []Type{ty(bf16, 4, 6, 8)}},
 		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4, "slice_dim": 0, "slice_index": 1, "slice_count": 2}, want: []Type{ty(bf16, 2, 6, 8)}},
 		{op: "param", attrs: Attrs{"key": "e.0.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4}, err: "the key needs exactly one *"},
@@ -46,6 +58,22 @@ func buildMoE() (*Graph, error) {
 		})
 	}
 	b.Output(DecomposeMoE(b, x, router, ex, MoERouting{TopK: 2, Renormalize: true, WeightDType: tensor.F32}))
+	return b.Build()
+}
+
+// buildMoEFused is the fused moe op on stacked expert weights, as an expert-parallel rank
+// reads them (experts 2 and 3 of 4) and with every attribute set.
+func buildMoEFused() (*Graph, error) {
+	b := NewBuilder("moe_fused")
+	x := b.Input("x", tensor.BF16, Shape{symB, symS, D(8)})
+	b.SetScope("model.layers.0.mlp")
+	router := b.Param("model.layers.0.mlp.gate.weight", tensor.BF16, Dims(4, 8))
+	stack := func(proj string, shape ...int) *Value {
+		key := "model.layers.0.mlp.experts.*." + proj + ".weight"
+		return b.Named(key, OpParam, Attrs{"key": key, "dtype": tensor.BF16, "shape": Dims(shape...), "stack": 4, "slice_dim": 0, "slice_index": 1, "slice_count": 2})
+	}
+	gate, up, down := stack("gate_proj", 4, 6, 8), stack("up_proj", 4, 6, 8), stack("down_proj", 4, 8, 6)
+	b.Output(b.MoE(x, router, gate, up, down, MoERouting{TopK: 2, Renormalize: true, WeightDType: tensor.BF16}, 2))
 	return b.Build()
 }
 
@@ -110,5 +138,61 @@ func TestDecomposeMoEErrors(t *testing.T) {
 	DecomposeMoERouting(b, logits, MoERouting{TopK: 4, WeightDType: tensor.F32})
 	if err := b.Err(); err == nil || !strings.Contains(err.Error(), "k = 4 is not in [1, 3]") {
 		t.Errorf("error %v", err)
+	}
+}
+
+// The moe op's decomposition is the frontend's block over slices of the stacked weights: the
+// same ops as DecomposeMoE's (plus a slice and a reshape per expert weight), and with an
+// expert offset the local experts read their own columns of the routing weights.
+func TestMoEDecomposition(t *testing.T) {
+	for _, tc := range []struct {
+		local, offset int
+		columns       []int // the routing columns the experts read
+	}{{3, 0, []int{0, 1, 2}}, {1, 2, []int{2}}, {2, 1, []int{1, 2}}} {
+		b := NewBuilder("moe")
+		x := b.Input("x", tensor.BF16, Shape{symB, symS, D(8)})
+		router := b.Param("router", tensor.BF16, Dims(3, 8))
+		stack := func(name string, shape ...int) *Value {
+			return b.Named(name, OpParam, Attrs{"key": "experts.*." + name, "dtype": tensor.BF16, "shape": Dims(shape...), "stack": shape[0]})
+		}
+		gate, up, down := stack("gate", 3, 6, 8), stack("up", 3, 6, 8), stack("down", 3, 8, 6)
+		if tc.local < 3 {
+			sl := func(v *Value) *Value { return b.Slice(v, 0, tc.offset, tc.offset+tc.local) }
+			gate, up, down = sl(gate), sl(up), sl(down)
+		}
+		y := b.MoE(x, router, gate, up, down, MoERouting{TopK: 2, WeightDType: tensor.BF16}, tc.offset)
+		if err := b.Err(); err != nil {
+			t.Fatal(err)
+		}
+		start := len(b.Graph().Nodes)
+		spec, _ := Lookup("moe")
+		got, err := spec.Decompose(b, y.Producer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got[0].Type.Equal(y.Type) {
+			t.Errorf("decomposition gives %s, the op %s", got[0].Type, y.Type)
+		}
+		b.Output(got[0])
+		if _, err := b.Build(); err != nil {
+			t.Fatal(err)
+		}
+		ops := map[string]int{}
+		var columns []int
+		for _, n := range b.Graph().Nodes[start:] {
+			ops[n.Op]++
+			if n.Op == "slice" && n.Attrs.Int("axis") == -1 {
+				columns = append(columns, n.Attrs.Int("start"))
+			}
+		}
+		L := tc.local
+		for op, want := range map[string]int{"topk": 1, "softmax": 1, "linear": 1 + 3*L, "silu": L, "slice": 3*L + L, "reshape": 3*L + 2, "add": L - 1} {
+			if ops[op] != want {
+				t.Errorf("local %d offset %d: %d %s nodes, want %d (all: %v)", L, tc.offset, ops[op], op, want, ops)
+			}
+		}
+		if fmt.Sprint(columns) != fmt.Sprint(tc.columns) {
+			t.Errorf("local %d offset %d: columns %v, want %v", L, tc.offset, columns, tc.columns)
+		}
 	}
 }

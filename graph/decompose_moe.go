@@ -65,9 +65,17 @@ func DecomposeMoE(b *Builder, x, router *Value, experts []MoEExpert, r MoERoutin
 	if n := router.Type.Shape; b.Err() == nil && (len(n) != 2 || n[0] != D(len(experts))) {
 		b.Fail(fmt.Errorf("moe: router weight %s does not fit %d experts", n, len(experts)))
 	}
-	weights := DecomposeMoERouting(b, b.Linear(x, router), r)
+	return DecomposeMoEExperts(b, x, DecomposeMoERouting(b, b.Linear(x, router), r), experts, 0)
+}
+
+// DecomposeMoEExperts emits the experts' part of DecomposeMoE on x[...,H] with the dense
+// routing weights[...,E]: expert j of experts is expert offset+j of the router (an
+// expert-parallel rank's local experts), weighed by that column. Each output times its
+// weight is cast back to x's dtype and the products are summed in expert order.
+func DecomposeMoEExperts(b *Builder, x, weights *Value, experts []MoEExpert, offset int) *Value {
 	var out *Value
-	for e, w := range experts {
+	for j, w := range experts {
+		e := offset + j
 		y := b.Linear(b.Mul(b.Unary("silu", b.Linear(x, w.Gate)), b.Linear(x, w.Up)), w.Down)
 		y = castTo(b, b.Mul(y, b.Slice(weights, -1, e, e+1)), x.Type.DType)
 		if out == nil {
@@ -77,6 +85,9 @@ func DecomposeMoE(b *Builder, x, router *Value, experts []MoEExpert, r MoERoutin
 		}
 	}
 	if out == nil { // no experts: an error is recorded
+		if b.Err() == nil {
+			b.Fail(fmt.Errorf("moe: no experts"))
+		}
 		return b.placeholder()
 	}
 	return out

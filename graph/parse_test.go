@@ -29,6 +29,7 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"collective":   buildCollective,
 		"packed":       buildPacked,
 		"moe":          buildMoE,
+		"moe_fused":    buildMoEFused,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {
