@@ -10,8 +10,9 @@
 // replace them with Register; Reference keeps the originals reachable so tests can hold the
 // fast ones equal to them.
 //
-// The fast kernels registered by this package (fast_linear.go, fast_fused.go) cover linear,
-// matmul and the fused ops rmsnorm, add_rmsnorm, rope, repeat_kv, sdpa and swiglu. They split
+// The fast kernels registered by this package (fast_linear.go, fast_fused.go, fast_moe.go)
+// cover linear, matmul and the fused ops rmsnorm, add_rmsnorm, rope, repeat_kv, sdpa, swiglu
+// and moe (only the experts each token chose, grouped by expert). They split
 // their work over a shared pool of GOMAXPROCS workers and keep bf16 weights as bf16, widening
 // them inside the kernel. Built with GOEXPERIMENT=simd on amd64, linear uses AVX2/FMA
 // kernels when the CPU has them (fast_linear_simd.go); otherwise portable Go.
