@@ -36,8 +36,8 @@ func init() {
 
 func init() {
 	Register(&OpSpec{
-		Name: "moe",
-		Doc: "A sparse mixture-of-experts block with SwiGLU experts on x[...,H]: router logits x·routerᵀ (router [E,H]), softmax over the E experts in f32, the top_k largest probabilities (renormalised to sum 1 when normalize), rounded to weight_dtype; each token's output is the sum, in expert order, of cast(down_e(silu(x·gate_eᵀ) * (x·up_eᵀ)) * weight_e, x.dtype) over the experts it chose. gate and up are [L,I,H], down [L,H,I]: the stacked weights of L experts, expert j being the router's expert expert_offset+j; with L < E (an expert-parallel rank's local experts) tokens routed elsewhere contribute 0 here and an all_reduce over the ranks completes the sum. Returns [...,H] in x's dtype. A shared expert (Qwen2-MoE) is not part of the op: it stays a dense MLP beside it. The decomposition is DecomposeMoE's masked-dense form, every local expert on every token.",
+		Name:   "moe",
+		Doc:    "A sparse mixture-of-experts block with SwiGLU experts on x[...,H]: router logits x·routerᵀ (router [E,H]), softmax over the E experts in f32, the top_k largest probabilities (renormalised to sum 1 when normalize), rounded to weight_dtype; each token's output is the sum, in expert order, of cast(down_e(silu(x·gate_eᵀ) * (x·up_eᵀ)) * weight_e, x.dtype) over the experts it chose. gate and up are [L,I,H], down [L,H,I]: the stacked weights of L experts, expert j being the router's expert expert_offset+j; with L < E (an expert-parallel rank's local experts) tokens routed elsewhere contribute 0 here and an all_reduce over the ranks completes the sum. Returns [...,H] in x's dtype. A shared expert (Qwen2-MoE) is not part of the op: it stays a dense MLP beside it. The decomposition is DecomposeMoE's masked-dense form, every local expert on every token.",
 		Inputs: []string{"x", "router", "gate", "up", "down"},
 		Attrs: []AttrSpec{
 			{Name: "top_k", Type: AttrInt, Doc: "experts per token, 1 <= top_k <= E"},
