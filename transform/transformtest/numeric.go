@@ -373,7 +373,9 @@ func randomFloats(dt tensor.DType, shape []int, name string) (*tensor.Tensor, er
 }
 
 // randomWeights makes one tensor of random values per param key of the graphs, of the
-// param's full stored shape and dtype (MapWeights cuts the slices that sliced params read).
+// param's full stored shape and dtype (MapWeights cuts the slices that sliced params read);
+// a stacked param gets one per member key, so that it reads the tensors that the members'
+// own params read in another graph.
 func randomWeights(graphs ...*graph.Graph) (cpu.MapWeights, error) {
 	w := cpu.MapWeights{}
 	for _, g := range graphs {
@@ -382,14 +384,23 @@ func randomWeights(graphs ...*graph.Graph) (cpu.MapWeights, error) {
 			if err != nil {
 				return nil, err
 			}
-			if t, ok := w[ref.Key]; ok {
-				if t.DType != ref.DType || !slices.Equal(t.Shape, ref.Shape) {
-					return nil, fmt.Errorf("param %q is %s%v in one graph and %s%v in another", ref.Key, t.DType, t.Shape, ref.DType, ref.Shape)
+			shape := ref.Shape
+			if ref.Stack > 0 { // one tensor per member, as the checkpoint holds them
+				if err := ref.CheckStack(); err != nil {
+					return nil, err
 				}
-				continue
+				shape = ref.Shape[1:]
 			}
-			if w[ref.Key], err = randomFloats(ref.DType, ref.Shape, "param "+ref.Key); err != nil {
-				return nil, err
+			for _, key := range ref.Keys() {
+				if t, ok := w[key]; ok {
+					if t.DType != ref.DType || !slices.Equal(t.Shape, shape) {
+						return nil, fmt.Errorf("param %q is %s%v in one graph and %s%v in another", key, t.DType, t.Shape, ref.DType, shape)
+					}
+					continue
+				}
+				if w[key], err = randomFloats(ref.DType, shape, "param "+key); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
