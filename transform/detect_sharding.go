@@ -21,8 +21,9 @@ type DetectShardingConfig struct {
 	// SetSharding), "manual" (TPPlan) and "heuristic" (the column-then-row linear regions
 	// between residual adds, and the LM head).
 	ShardingSource []string `yaml:"sharding_source"`
-	// ShardingDims lists the kinds of parallelism to shard for: "tp". ("ep", expert
-	// parallelism, comes with MoE.)
+	// ShardingDims lists the kinds of parallelism to shard for: "tp" (the tp axis of the
+	// mesh) and "ep" (the ep axis: the experts of moe ops split by whole experts). A kind
+	// whose axis the mesh lacks shards nothing.
 	ShardingDims []string `yaml:"sharding_dims"`
 	// SimpleShardOnly turns every split into a column split followed by an all_gather: no
 	// row-parallel regions, no head arithmetic; simple and always correct, slower.
@@ -51,11 +52,19 @@ projections must cut on head boundaries. When there are fewer KV heads than rank
 head is replicated on the ranks whose query heads use it. When the heads do not divide by the
 tp size, that layer falls back to replicated q/k/v and a column split + all_gather of its
 output projection, and says why in the log. A manual plan that names no weight, or that
-splits a dimension the tp size does not divide, is an error. Matches counts the weights that
-split.`,
+splits a dimension the tp size does not divide, is an error.
+
+The stacked expert weights of moe ops (match_moe_pattern) split over the ep axis of the mesh
+by whole experts: each ep rank reads E/ep experts and an all_reduce over ep adds the ranks'
+outputs (attention and the other layers stay replicated over ep, or split over tp when the
+mesh has both axes, the experts then whole on every tp rank of an ep group). Without an ep
+axis, the experts split over tp as a dense MLP does (gate and up by output features, down by
+input features, an all_reduce over tp after the op) when the plan says so. An ep size that
+does not divide the experts of every moe op, or an ep axis with no moe op to split, is an
+error, before any weight is read. Matches counts the weights that split.`,
 	Config: DetectShardingConfig{
 		ShardingSource: []string{"factory", "manual", "heuristic"},
-		ShardingDims:   []string{"tp"},
+		ShardingDims:   []string{"tp", "ep"},
 		TPPlan:         map[string]string{},
 	},
 	Run: Typed(runDetectSharding),
@@ -69,10 +78,16 @@ const (
 	ShardRowwise   = "rowwise"
 	ShardGather    = "gather"
 	ShardReplicate = "replicate"
+	// ShardExperts splits the stacked expert weights of a moe op along their expert
+	// dimension over the ep axis (expert parallelism); it is never asked for by a plan.
+	ShardExperts = "experts"
 )
 
 // TPAxis is the mesh axis tensor parallelism runs along.
 const TPAxis = "tp"
+
+// EPAxis is the mesh axis expert parallelism runs along.
+const EPAxis = "ep"
 
 // WeightShard is how one weight splits.
 type WeightShard struct {
@@ -94,6 +109,8 @@ type ShardingPlan struct {
 	Mesh dist.Mesh
 	// Size is the size of the tp axis.
 	Size int
+	// EP is the size of the ep axis (1 without one): moe ops split their experts over it.
+	EP int
 	// Weights maps each checkpoint key that a linear or an embedding reads to its split.
 	Weights map[string]WeightShard
 	// Notes are the per-layer decisions worth a log line (attention fallbacks, KV heads
@@ -104,7 +121,11 @@ type ShardingPlan struct {
 // String lists the plan, one weight per line in key order, then the notes.
 func (p *ShardingPlan) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "tp=%d over mesh %s\n", p.Size, p.Mesh)
+	fmt.Fprintf(&sb, "tp=%d", p.Size)
+	if p.EP > 1 {
+		fmt.Fprintf(&sb, " ep=%d", p.EP)
+	}
+	fmt.Fprintf(&sb, " over mesh %s\n", p.Mesh)
 	keys := make([]string, 0, len(p.Weights))
 	for k := range p.Weights {
 		keys = append(keys, k)
@@ -189,8 +210,11 @@ func resolveMesh(c *Context, option string) (dist.Mesh, error) {
 	return mesh, nil
 }
 
-func tpSize(m dist.Mesh) int {
-	if n, err := m.AxisSize(TPAxis); err == nil {
+func tpSize(m dist.Mesh) int { return axisSize(m, TPAxis) }
+
+// axisSize is the size of a mesh axis, 1 when the mesh has none of that name.
+func axisSize(m dist.Mesh, axis string) int {
+	if n, err := m.AxisSize(axis); err == nil {
 		return n
 	}
 	return 1
@@ -245,7 +269,7 @@ func runDetectSharding(_ context.Context, c *Context, g *graph.Graph, cfg Detect
 		return Info{}, err
 	}
 	shardingPlanKey.Set(c, plan)
-	if plan.Size <= 1 {
+	if plan.Size <= 1 && plan.EP <= 1 {
 		return Info{Skipped: true}, nil
 	}
 	for _, n := range plan.Notes {
@@ -266,45 +290,74 @@ func DetectPlan(c *Context, g *graph.Graph, cfg DetectShardingConfig) (*Sharding
 	if err != nil {
 		return nil, err
 	}
-	tp := 1
+	tp, ep := 1, 1
 	for _, d := range cfg.ShardingDims {
 		switch d {
 		case "tp":
 			tp = tpSize(mesh)
 		case "ep":
-			return nil, errors.New("sharding_dims: ep (expert parallelism) splits MoE layers, which Loom does not shard yet")
+			ep = axisSize(mesh, EPAxis)
 		default:
-			return nil, fmt.Errorf("sharding_dims: unknown dimension %q (want tp)", d)
+			return nil, fmt.Errorf("sharding_dims: unknown dimension %q (want tp or ep)", d)
 		}
 	}
-	plan := &ShardingPlan{Mesh: mesh, Size: tp, Weights: map[string]WeightShard{}}
-	if tp <= 1 {
+	plan := &ShardingPlan{Mesh: mesh, Size: tp, EP: ep, Weights: map[string]WeightShard{}}
+	if tp <= 1 && ep <= 1 {
 		return plan, nil
 	}
+	moes, err := moeOps(g, ep)
+	if err != nil {
+		return nil, err
+	}
+	moeKinds := map[string]WeightShard{} // what the sources say of the stacked expert weights
+	if tp > 1 {
+		if err := planLinears(c, g, cfg, plan, moes, moeKinds); err != nil {
+			return nil, err
+		}
+	}
+	planMoE(plan, moes, moeKinds)
+	return plan, nil
+}
+
+// planLinears plans the tp splits of the weights that linears read (and records in moeKinds
+// what the sources say of the stacked expert weights of moes).
+func planLinears(c *Context, g *graph.Graph, cfg DetectShardingConfig, plan *ShardingPlan, moes []moeOp, moeKinds map[string]WeightShard) error {
+	tp := plan.Size
 	uses, order := shardableWeights(g)
-	if len(uses) == 0 {
-		return plan, nil
+	if len(uses) == 0 && len(moes) == 0 {
+		return nil
+	}
+	named := slices.Clone(order) // the keys the sources' patterns may name
+	for _, m := range moes {
+		named = append(named, m.keys[:]...)
 	}
 	// Sources, in order: the first one that names a weight decides it.
+	var err error
 	for _, src := range cfg.ShardingSource {
 		var kinds map[string]string
 		switch src {
 		case "factory":
-			if kinds, err = applyPatterns(shardingSetup(c).FactoryPlan, uses, order, false); err != nil {
-				return nil, fmt.Errorf("factory plan of %s: %w", nonEmpty(c.Arch, g.Name), err)
+			if kinds, err = applyPatterns(shardingSetup(c).FactoryPlan, uses, named, false); err != nil {
+				return fmt.Errorf("factory plan of %s: %w", nonEmpty(c.Arch, g.Name), err)
 			}
 		case "manual":
-			if kinds, err = applyPatterns(cfg.TPPlan, uses, order, true); err != nil {
-				return nil, fmt.Errorf("tp_plan: %w", err)
+			if kinds, err = applyPatterns(cfg.TPPlan, uses, named, true); err != nil {
+				return fmt.Errorf("tp_plan: %w", err)
 			}
 		case "heuristic":
 			kinds = heuristicPlan(g)
+			for _, m := range moes { // an MLP's region: gate and up by columns, down by rows
+				kinds[m.keys[0]], kinds[m.keys[1]], kinds[m.keys[2]] = ShardColwise, ShardColwise, ShardRowwise
+			}
 		default:
-			return nil, fmt.Errorf("sharding_source: unknown source %q (want factory, manual or heuristic)", src)
+			return fmt.Errorf("sharding_source: unknown source %q (want factory, manual or heuristic)", src)
 		}
 		for key, kind := range kinds {
 			if _, done := plan.Weights[key]; !done && uses[key] != nil {
 				plan.Weights[key] = WeightShard{Kind: kind, Source: src}
+			}
+			if _, done := moeKinds[key]; !done && uses[key] == nil {
+				moeKinds[key] = WeightShard{Kind: kind, Source: src}
 			}
 		}
 	}
@@ -314,7 +367,7 @@ func DetectPlan(c *Context, g *graph.Graph, cfg DetectShardingConfig) (*Sharding
 		switch {
 		case len(u.linears) == 0:
 			if named && w.Kind != ShardReplicate && w.Source == "manual" {
-				return nil, fmt.Errorf("tp_plan: %s is read only by an embedding lookup, which is always replicated; it cannot be %s", key, w.Kind)
+				return fmt.Errorf("tp_plan: %s is read only by an embedding lookup, which is always replicated; it cannot be %s", key, w.Kind)
 			}
 			plan.Weights[key] = WeightShard{Kind: ShardReplicate, Source: "embedding"}
 			continue
@@ -333,7 +386,7 @@ func DetectPlan(c *Context, g *graph.Graph, cfg DetectShardingConfig) (*Sharding
 			if u.shape[dim]%tp != 0 {
 				msg := fmt.Sprintf("%s %v: %s splits dimension %d (%d) into %d parts, which does not divide it", key, u.shape, w.Kind, dim, u.shape[dim], tp)
 				if w.Source == "manual" {
-					return nil, fmt.Errorf("tp_plan: %s", msg)
+					return fmt.Errorf("tp_plan: %s", msg)
 				}
 				w = WeightShard{Kind: ShardReplicate, Source: w.Source, Note: "not split: " + msg}
 				plan.Notes = append(plan.Notes, "not split: "+msg)
@@ -347,7 +400,98 @@ func DetectPlan(c *Context, g *graph.Graph, cfg DetectShardingConfig) (*Sharding
 	if !cfg.SimpleShardOnly {
 		planAttention(g, plan, uses)
 	}
-	return plan, nil
+	return nil
+}
+
+// moeOp is a moe node whose expert weights are stacked params.
+type moeOp struct {
+	n       *graph.Node
+	keys    [3]string // the stacked keys of gate, up and down
+	experts int       // the router's experts
+	width   int       // the experts' intermediate size
+}
+
+// moeOps lists the moe ops of g whose expert weights are whole stacked params, and checks
+// that ep splits them: every one's experts divide by ep, and with ep > 1 there is one.
+func moeOps(g *graph.Graph, ep int) ([]moeOp, error) {
+	var out []moeOp
+	for _, n := range g.Nodes {
+		if n.Op != "moe" {
+			continue
+		}
+		layer := nonEmpty(n.Scope, n.Out().Name)
+		m := moeOp{n: n, experts: n.Inputs[1].Type.Shape[0].Size, width: n.Inputs[2].Type.Shape[1].Size}
+		stacked := true
+		for i, v := range n.Inputs[2:] {
+			if !isParam(v) {
+				stacked = false
+				break
+			}
+			ref, err := graph.ParamOf(v.Producer)
+			if err != nil || ref.Stack != m.experts || ref.SliceDim >= 0 {
+				stacked = false
+				break
+			}
+			m.keys[i] = ref.Key
+		}
+		if !stacked || n.Attrs.Int("expert_offset") != 0 {
+			if ep > 1 {
+				return nil, fmt.Errorf("ep=%d: the moe op of %s does not read all %d experts as whole stacked params; it cannot split by experts", ep, layer, m.experts)
+			}
+			continue
+		}
+		if ep > 1 && m.experts%ep != 0 {
+			return nil, fmt.Errorf("ep=%d does not divide the %d experts of the moe op of %s: each ep rank takes whole experts, the same number each", ep, m.experts, layer)
+		}
+		out = append(out, m)
+	}
+	if ep > 1 && len(out) == 0 {
+		return nil, fmt.Errorf("the mesh has ep=%d, but the graph has no moe op to split by experts (not a mixture-of-experts model, or match_moe_pattern is disabled)", ep)
+	}
+	return out, nil
+}
+
+// planMoE plans the stacked expert weights of the moe ops: by whole experts over ep, else
+// over tp as a dense MLP splits when the sources ask for exactly that (gate and up colwise,
+// down rowwise, the intermediate size divisible by tp), else replicated.
+func planMoE(plan *ShardingPlan, moes []moeOp, kinds map[string]WeightShard) {
+	tp, ep := plan.Size, plan.EP
+	for _, m := range moes {
+		layer := nonEmpty(m.n.Scope, m.n.Out().Name)
+		if ep > 1 {
+			note := fmt.Sprintf("%d of %d experts per ep rank", m.experts/ep, m.experts)
+			if tp > 1 {
+				note += ", whole on every tp rank"
+			}
+			for _, k := range m.keys {
+				plan.Weights[k] = WeightShard{Kind: ShardExperts, Parts: ep, Source: "ep", Note: note}
+			}
+			continue
+		}
+		g, u, d := kinds[m.keys[0]], kinds[m.keys[1]], kinds[m.keys[2]]
+		var reason string
+		switch {
+		case g.Kind == "" && u.Kind == "" && d.Kind == "":
+			reason = "no source names the experts"
+		case g.Kind != ShardColwise || u.Kind != ShardColwise || d.Kind != ShardRowwise:
+			reason = fmt.Sprintf("the experts split only as gate and up colwise, down rowwise; the plan says %s, %s, %s", nonEmpty(g.Kind, ShardReplicate), nonEmpty(u.Kind, ShardReplicate), nonEmpty(d.Kind, ShardReplicate))
+		case m.width%tp != 0:
+			reason = fmt.Sprintf("the experts' intermediate size %d does not divide by tp=%d", m.width, tp)
+		}
+		if reason != "" {
+			for i, k := range m.keys {
+				src := []WeightShard{g, u, d}[i].Source
+				plan.Weights[k] = WeightShard{Kind: ShardReplicate, Source: nonEmpty(src, "default"), Note: "experts replicated: " + reason}
+			}
+			if g.Kind != "" || u.Kind != "" || d.Kind != "" {
+				plan.Notes = append(plan.Notes, fmt.Sprintf("%s: the experts stay whole on every rank: %s", layer, reason))
+			}
+			continue
+		}
+		plan.Weights[m.keys[0]] = WeightShard{Kind: ShardColwise, Parts: tp, Source: g.Source}
+		plan.Weights[m.keys[1]] = WeightShard{Kind: ShardColwise, Parts: tp, Source: u.Source}
+		plan.Weights[m.keys[2]] = WeightShard{Kind: ShardRowwise, Parts: tp, Source: d.Source}
+	}
 }
 
 func nonEmpty(a, b string) string {

@@ -34,8 +34,11 @@ over the tp group follows it (a bias is added after the reduction, whole). A gat
 Embedding lookups stay replicated; a table tied to the LM head is read whole for the lookup
 and by vocabulary slice for the head. Wherever a whole value is needed and a split one is at
 hand, an all_gather joins it; a whole value where a split one is needed is sliced. The
-collectives name the tp axis of the mesh, never the world. Ranks of other mesh axes (dp)
-get the graph of their tp coordinate. With one rank in the world and a mesh of more (a dry
+collectives name the tp axis of the mesh, never the world. A moe op whose experts split over
+ep reads its rank's experts (a slice of each stacked param along the experts, with the
+op's expert_offset set to the first) and an all_reduce over the ep axis follows it; one
+whose experts split over tp reads its part of every expert, followed by an all_reduce over
+tp. Ranks of other mesh axes (dp) get the graph of their tp and ep coordinates. With one rank in the world and a mesh of more (a dry
 run: loom compile with a mesh option), the graph becomes rank 0's. Matches counts rank 0's
 sliced params and inserted collectives.`,
 	Config: ShardingExecutorConfig{AllReduceStrategy: dist.StrategyAuto},
@@ -68,7 +71,7 @@ func runShardingExecutor(_ context.Context, c *Context, graphs []*graph.Graph, c
 			return nil, Info{}, err
 		}
 	}
-	if plan.Size <= 1 {
+	if plan.Size <= 1 && plan.EP <= 1 {
 		return graphs, Info{Skipped: true}, nil
 	}
 	world := c.World()
@@ -91,11 +94,21 @@ func runShardingExecutor(_ context.Context, c *Context, graphs []*graph.Graph, c
 	}
 	var info Info
 	for i, rank := range ranks {
-		grp, err := plan.Mesh.Group(rank, TPAxis)
-		if err != nil {
-			return nil, Info{}, err
+		s := &sharder{plan: plan, tp: plan.Size, ep: max(plan.EP, 1), strategy: cfg.AllReduceStrategy}
+		if s.tp > 1 {
+			grp, err := plan.Mesh.Group(rank, TPAxis)
+			if err != nil {
+				return nil, Info{}, err
+			}
+			s.index = grp.Index
 		}
-		s := &sharder{plan: plan, tp: plan.Size, index: grp.Index, strategy: cfg.AllReduceStrategy}
+		if s.ep > 1 {
+			grp, err := plan.Mesh.Group(rank, EPAxis)
+			if err != nil {
+				return nil, Info{}, err
+			}
+			s.epIndex = grp.Index
+		}
 		n, err := s.rewrite(out[i])
 		if err != nil {
 			return nil, Info{}, rankErr(len(ranks), rank, err)
@@ -117,8 +130,8 @@ func whole() layout { return layout{} }
 
 // paramKey names one slice of a param.
 type paramKey struct {
-	v          *graph.Value
-	dim, parts int
+	v                 *graph.Value
+	dim, parts, index int
 }
 
 // sharder rebuilds one rank's graph.
@@ -126,6 +139,8 @@ type sharder struct {
 	plan     *ShardingPlan
 	tp       int
 	index    int // this rank's position along tp
+	ep       int // the ep size (1: experts are not split by ep)
+	epIndex  int // this rank's position along ep
 	strategy string
 
 	g        *graph.Graph
@@ -183,16 +198,25 @@ func (s *sharder) emit(op string, attrs graph.Attrs, inputs []*graph.Value, hint
 	return s.g.Append(op, attrs, inputs, s.scope, hints...)
 }
 
-// param returns old param value v whole (parts 0) or cut along dim into parts, the rank's part.
+// param returns old param value v whole (parts 0) or cut along dim into parts, the part of
+// the rank's tp index.
 func (s *sharder) param(v *graph.Value, dim, parts int) (*graph.Value, error) {
-	k := paramKey{v: v, dim: dim, parts: parts}
+	return s.paramPart(v, dim, parts, s.index*parts/max(s.tp, 1))
+}
+
+// paramPart returns old param value v whole (parts 0) or cut along dim into parts, part index.
+func (s *sharder) paramPart(v *graph.Value, dim, parts, index int) (*graph.Value, error) {
+	if parts <= 1 {
+		index = 0
+	}
+	k := paramKey{v: v, dim: dim, parts: parts, index: index}
 	if p, ok := s.params[k]; ok {
 		return p, nil
 	}
 	n := v.Producer
 	attrs := n.Attrs.Clone()
 	if parts > 1 {
-		attrs["slice_dim"], attrs["slice_index"], attrs["slice_count"] = dim, s.index*parts/s.tp, parts
+		attrs["slice_dim"], attrs["slice_index"], attrs["slice_count"] = dim, index, parts
 		s.matches++
 	}
 	prev := s.scope
@@ -238,7 +262,7 @@ func (s *sharder) get(v *graph.Value, want layout) (*graph.Value, error) {
 		s.gathered[v] = n.Out()
 		return n.Out(), nil
 	case !cur.split() && want.split():
-		k := paramKey{v: v, dim: want.axis, parts: want.parts}
+		k := paramKey{v: v, dim: want.axis, parts: want.parts, index: s.index * want.parts / s.tp}
 		if sl, ok := s.sliced[k]; ok {
 			return sl, nil
 		}
@@ -306,6 +330,10 @@ func (s *sharder) node(n *graph.Node) error {
 	switch {
 	case n.Op == "linear":
 		return s.linear(n)
+	case n.Op == "moe":
+		if ok, err := s.moe(n); ok || err != nil {
+			return err
+		}
 	case unaryOps[n.Op]:
 		in, err := s.get(n.Inputs[0], s.lay[n.Inputs[0]])
 		if err != nil {
@@ -435,6 +463,56 @@ func (s *sharder) linear(n *graph.Node) error {
 		return err
 	}
 	return s.copyNode(n, n.Attrs.Clone(), ins)
+}
+
+// moe rebuilds a moe op as the plan splits its stacked expert weights: by whole experts
+// over ep (the rank's experts, expert_offset at the first, an all_reduce over ep after) or
+// by features over tp (gate and up by rows, down by columns, an all_reduce over tp after).
+// It reports false when the op runs whole.
+func (s *sharder) moe(n *graph.Node) (bool, error) {
+	gate, up, down := n.Inputs[2], n.Inputs[3], n.Inputs[4]
+	if !isParam(gate) || !isParam(up) || !isParam(down) {
+		return false, nil
+	}
+	w := s.plan.Weights[gate.Producer.Attrs.String("key")]
+	var dims [3]int
+	var parts, index int
+	var group string
+	attrs := n.Attrs.Clone()
+	switch w.Kind {
+	case ShardExperts:
+		experts := gate.Type.Shape[0].Size
+		if w.Parts != s.ep || experts%s.ep != 0 {
+			return false, fmt.Errorf("%d experts planned in %d parts over ep=%d", experts, w.Parts, s.ep)
+		}
+		dims, parts, index, group = [3]int{0, 0, 0}, s.ep, s.epIndex, EPAxis
+		attrs["expert_offset"] = n.Attrs.Int("expert_offset") + s.epIndex*experts/s.ep
+	case ShardColwise:
+		dims, parts, index, group = [3]int{1, 1, 2}, s.tp, s.index, TPAxis
+	default:
+		return false, nil
+	}
+	ins, err := s.wholeInputs(&graph.Node{Inputs: n.Inputs[:2]})
+	if err != nil {
+		return false, err
+	}
+	for i, v := range []*graph.Value{gate, up, down} {
+		p, err := s.paramPart(v, dims[i], parts, index)
+		if err != nil {
+			return false, err
+		}
+		ins = append(ins, p)
+	}
+	if err := s.copyNode(n, attrs, ins); err != nil {
+		return false, err
+	}
+	r, err := s.emit("all_reduce", graph.Attrs{"group": group, "group_size": parts, "strategy": s.strategy}, []*graph.Value{s.m[n.Out()]})
+	if err != nil {
+		return false, err
+	}
+	s.matches++
+	s.m[n.Out()], s.lay[n.Out()] = r.Out(), whole()
+	return true, nil
 }
 
 // elementwise rebuilds a broadcasting binary op with a split input: the other inputs are

@@ -221,7 +221,9 @@ tp_plan: {"model.layers.*.self_attn.o_proj": gather, "model.layers.*.self_attn.*
 			options: `tp_plan: {"model.layers.*.mlp.up_proj": colwise, "model.layers.0.mlp.u*_proj": replicate}`,
 			err:     `model.layers.0.mlp.up_proj.weight matches "model.layers.*.mlp.up_proj" (colwise) and "model.layers.0.mlp.u*_proj" (replicate), equally specific`,
 		},
-		{name: "ep", mesh: "tp=2", options: "sharding_dims: [tp, ep]", err: "sharding_dims: ep (expert parallelism) splits MoE layers"},
+		{name: "ep without experts", mesh: "tp=2,ep=2", err: "the mesh has ep=2, but the graph has no moe op to split by experts"},
+		{name: "ep not sharded for", mesh: "tp=2,ep=2", options: "sharding_dims: [tp]", want: map[string]string{"model.layers.0.mlp.up_proj.weight": "colwise/2"}},
+		{name: "unknown dim", mesh: "tp=2", options: "sharding_dims: [tp, pp]", err: `sharding_dims: unknown dimension "pp" (want tp or ep)`},
 		{name: "bad source", mesh: "tp=2", options: "sharding_source: [magic]", err: `sharding_source: unknown source "magic"`},
 		{name: "bad mesh", mesh: "tp=2", options: "mesh: tp=two", err: "option mesh:"},
 	} {
