@@ -42,8 +42,9 @@ var supportedFixtures = []string{
 
 // moeFixtures are the mixture-of-experts checkpoints, whose frontends write every expert
 // in plain primitives (graph.DecomposeMoE). They are held to Hugging Face on the CPU, plain
-// (TestHuggingFaceParity) and cached at tp 1, 2 and 4 (TestCachedEngineHuggingFaceParity);
-// CUDA (no topk kernel yet) comes with the fused moe op.
+// (TestHuggingFaceParity) and cached, with fused moe ops (match_moe_pattern), at tp 1, 2
+// and 4 and with expert parallelism at ep=2, ep=4 and tp=2,ep=2
+// (TestCachedEngineHuggingFaceParity). On CUDA the moe op runs as its decomposition.
 var moeFixtures = []string{
 	"tiny-mixtral",  // 4 experts, top-2, renormalised
 	"tiny-qwen2moe", // shared expert with its sigmoid gate, top-2 not renormalised
@@ -257,21 +258,37 @@ func cachedPromptLogits(t *testing.T, e *Engine, prompt []int, chunk int) []floa
 
 // TestCachedEngineHuggingFaceParity holds the deployed path, the optimized graph with the
 // paged KV cache, to Hugging Face's last-position logits on every fixture and prompt, at
-// tensor-parallel sizes 1, 2 and 4, with the prompt fed in chunks of 7 tokens.
+// tensor-parallel sizes 1, 2 and 4, with the prompt fed in chunks of 7 tokens. The MoE
+// fixtures, whose sparse blocks run as fused moe ops, also run with their experts split by
+// expert parallelism (ep=2, ep=4, tp=2,ep=2); with ep alone (attention replicated) their
+// logits equal the unsharded engine's bit for bit.
 func TestCachedEngineHuggingFaceParity(t *testing.T) {
 	for _, name := range slices.Concat(supportedFixtures, moeFixtures) {
-		for _, tp := range []int{1, 2, 4} {
-			t.Run(fmt.Sprintf("%s/tp=%d", name, tp), func(t *testing.T) {
-				if tp > 1 && testing.Short() {
-					t.Skip("tensor-parallel runs skipped in -short mode")
+		meshes := []string{"tp=1", "tp=2", "tp=4"}
+		moe := slices.Contains(moeFixtures, name)
+		if moe {
+			meshes = append(meshes, "ep=2", "ep=4", "tp=2,ep=2")
+		}
+		var unsharded [][]float32 // per prompt, the tp=1 run's logits
+		for _, meshText := range meshes {
+			t.Run(fmt.Sprintf("%s/%s", name, meshText), func(t *testing.T) {
+				if meshText != "tp=1" && testing.Short() {
+					t.Skip("sharded runs skipped in -short mode")
 				}
 				dir := filepath.Join("..", "testdata", name)
 				ref := loadReference(t, dir)
-				m, err := Load(context.Background(), dir, LoadOptions{Optimize: true, Mesh: mustMeshFor(t, tp, "")})
+				mesh := mustMeshFor(t, 0, meshText)
+				if meshText == "tp=1" {
+					mesh = mustMeshFor(t, 1, "")
+				}
+				m, err := Load(context.Background(), dir, LoadOptions{Optimize: true, Mesh: mesh})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer m.Close()
+				if moe {
+					checkMoEGraph(t, m, meshText)
+				}
 				longest := 0
 				for _, p := range ref.Prompts {
 					longest = max(longest, len(p.IDs))
@@ -281,13 +298,53 @@ func TestCachedEngineHuggingFaceParity(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer e.Close()
-				for _, p := range ref.Prompts {
-					if err := parity.CheckLogits(cachedPromptLogits(t, e, p.IDs, 7), p, logitTol); err != nil {
+				for i, p := range ref.Prompts {
+					logits := cachedPromptLogits(t, e, p.IDs, 7)
+					if err := parity.CheckLogits(logits, p, logitTol); err != nil {
 						t.Error(err)
+					}
+					if moe {
+						d, _ := maxAbsDiff(logits[len(logits)-len(p.LastLogits):], p.LastLogits)
+						t.Logf("prompt %d (%d tokens): last-position logits within %.3g of Hugging Face's", i, len(p.IDs), d)
+					}
+					switch {
+					case meshText == "tp=1":
+						unsharded = append(unsharded, logits)
+					case !moe || strings.Contains(meshText, "tp"):
+					case i >= len(unsharded):
+						t.Logf("prompt %d: no unsharded run to compare with", i)
+					default:
+						if d, at := maxAbsDiff(logits, unsharded[i]); d != 0 {
+							t.Errorf("prompt %d: %s logits differ from the unsharded engine's by %.3g at %d", i, meshText, d, at)
+						}
 					}
 				}
 			})
 		}
+	}
+}
+
+// checkMoEGraph makes sure that a MoE fixture runs fused moe ops and, on a mesh with an ep
+// axis, that rank 0 reads only its experts and reduces over ep.
+func checkMoEGraph(t *testing.T, m *Model, meshText string) {
+	t.Helper()
+	moes, overEP := 0, 0
+	for _, n := range m.Graph.Nodes {
+		switch {
+		case n.Op == "moe":
+			moes++
+			if strings.Contains(meshText, "ep") && n.Inputs[2].Type.Shape[0] == n.Inputs[1].Type.Shape[0] {
+				t.Errorf("%s: the moe op reads all %s experts on rank 0", meshText, n.Inputs[1].Type.Shape[0])
+			}
+		case n.Spec() != nil && n.Spec().Collective && n.Attrs.String("group") == "ep":
+			overEP++
+		}
+	}
+	if moes == 0 {
+		t.Errorf("%s: no moe op in the optimized graph", meshText)
+	}
+	if strings.Contains(meshText, "ep") && overEP != moes {
+		t.Errorf("%s: %d collectives over ep for %d moe ops", meshText, overEP, moes)
 	}
 }
 
