@@ -22,7 +22,7 @@ func floorTable(t *testing.T) map[string]int {
 	if !ok {
 		t.Fatalf("%s: no section \"Packages, by floor\"", path)
 	}
-	row := regexp.MustCompile("^\\| (\\d+) \\| (.*?) \\|")
+	row := regexp.MustCompile(`^\| (\d+) \| (.*?) \|`)
 	name := regexp.MustCompile("`([a-z0-9/]+)`")
 	floors := map[string]int{}
 	for _, line := range strings.Split(rest, "\n") {
