@@ -12,7 +12,8 @@ import (
 
 // The primitive ops of the graph catalog that the fused kernels leave out (kernels/
 // primitive.cu): unary math, arithmetic and comparisons of any dtype, logic, where, casts
-// between any dtypes, reductions, softmax, batched matmul and iota. With them every fused op
+// between any dtypes, reductions, softmax, batched matmul, iota and topk (the MoE routers'
+// one primitive, so that the moe op runs as its decomposition). With them every fused op
 // of the catalog can run as its decomposition (expand.go), and a new fused op runs on the
 // GPU before it has a kernel of its own. They compute as backend/cpu's reference kernels do
 // and favour coverage over speed (see primitive.cu). add, mul and cast take these kernels
@@ -70,6 +71,9 @@ func init() {
 	}}
 	opKernels["iota"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
 		return iotaPrim(d, out[0], n.Attrs.Int("axis"))
+	}}
+	opKernels["topk"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
+		return topkPrim(d, out[0], out[1], in[0], n.Attrs.Int("k"))
 	}}
 }
 
@@ -589,5 +593,37 @@ func iotaPrim(d *Device, out *Tensor, axis int) error {
 	stride, size := rowStrides(out.Shape)[ax], int64(out.Shape[ax])
 	return d.launch("primitive.cu", "prim_iota", gridStride(d, n), block256, 0, func(a *cubind.Args) {
 		a.Ptr(out.ptr).I32(c).I64(n).I64(stride).I64(size)
+	})
+}
+
+// topkPrim writes the k largest entries of each row of x[...,N] (f32 or bf16) along its
+// last axis, largest first (ties lowest index first, NaN above all), into vals[...,k] of
+// x's dtype and their indices into idx[...,k] (i32), as backend/cpu's topk.
+func topkPrim(d *Device, vals, idx, x *Tensor, k int) error {
+	if err := checkLive(vals, idx, x); err != nil {
+		return fmt.Errorf("cuda: topk: %w", err)
+	}
+	if !floatOperands(x) || len(x.Shape) == 0 {
+		return fmt.Errorf("cuda: topk: x is %s%v; want f32 or bf16 of rank >= 1", x.DType, x.Shape)
+	}
+	N := x.Shape[len(x.Shape)-1]
+	if k < 1 || k > N {
+		return fmt.Errorf("cuda: topk: k = %d is not in [1, %d]", k, N)
+	}
+	shape := slices.Clone(x.Shape)
+	shape[len(shape)-1] = k
+	if err := checkOut("values", vals, x.DType, shape); err != nil {
+		return fmt.Errorf("cuda: topk: %w", err)
+	}
+	if err := checkOut("indices", idx, tensor.I32, shape); err != nil {
+		return fmt.Errorf("cuda: topk: %w", err)
+	}
+	rows := int64(x.Numel() / N)
+	if rows == 0 {
+		return nil
+	}
+	c, _ := dtCode("x", x.DType)
+	return d.launch("primitive.cu", "prim_topk", gridStride(d, rows), block256, 0, func(a *cubind.Args) {
+		a.Ptr(vals.ptr).I32(c).Ptr(idx.ptr).Ptr(x.ptr).I32(c).I64(rows).I64(int64(N)).I64(int64(k))
 	})
 }

@@ -1,6 +1,6 @@
 // Primitive kernels: the primitive ops of the graph catalog that the fused kernels leave
 // out (unary math, arithmetic and comparisons on any dtype, logic, where, casts between any
-// dtypes, reductions, softmax, batched matmul, iota), so that a fused op without a CUDA
+// dtypes, reductions, softmax, batched matmul, iota, topk), so that a fused op without a CUDA
 // kernel of its own runs on the GPU as its decomposition (see expand.go). They compute as
 // the CPU backend's reference kernels do (backend/cpu: elementwise.go, reduce.go, nn.go),
 // widening and rounding in the same places and summing in the same order, so that results
@@ -460,6 +460,51 @@ extern "C" __global__ void prim_softmax(void* out, int odt, const void* x, int x
     for (i64 j = 0; j < L; ++j) {
       const double e = exp((double)ld_f32(x, xdt, base + j * inner) - m);
       st_f32(out, odt, base + j * inner, (float)(e / sum));
+    }
+  }
+}
+
+// topk_greater orders floats as backend/cpu's topk does: NaN above every number (NaNs equal
+// among themselves), otherwise a > b.
+__device__ __forceinline__ bool topk_greater(float a, float b) {
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && !bn;
+  return a > b;
+}
+
+// topk_above reports whether element (a at index i) comes before (b at index j) in topk's
+// order: larger first, equal values lowest index first.
+__device__ __forceinline__ bool topk_above(float a, i64 i, float b, i64 j) {
+  if (topk_greater(a, b)) return true;
+  if (topk_greater(b, a)) return false;
+  return i < j;
+}
+
+// topk: the k first entries of each row of x [rows, N] in topk_above's order, their values
+// (copied: x's dtype, its bits) into vals [rows, k] and their indices into idx [rows, k]
+// (i32), as backend/cpu's topk (a stable sort by value). One thread per row: pick j is the
+// first element that comes after pick j-1, found in one pass over the row, so k passes and
+// no scratch memory (k and N are small: a router's experts).
+extern "C" __global__ void prim_topk(void* vals, int vdt, int* idx, const void* x, int xdt, i64 rows, i64 N, i64 k) {
+  GRID_STRIDE(r, rows) {
+    const i64 base = r * N;
+    float pv = 0.0f;
+    i64 pi = -1;
+    for (i64 j = 0; j < k; ++j) {
+      float bv = 0.0f;
+      i64 best = -1;
+      for (i64 i = 0; i < N; ++i) {
+        const float v = ld_f32(x, xdt, base + i);
+        if (pi >= 0 && !topk_above(pv, pi, v, i)) continue;  // at or before the previous pick
+        if (best < 0 || topk_above(v, i, bv, best)) {
+          best = i;
+          bv = v;
+        }
+      }
+      st_f32(vals, vdt, r * k + j, bv);
+      idx[r * k + j] = (int)best;
+      pv = bv;
+      pi = best;
     }
   }
 }

@@ -1,0 +1,99 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/model"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// moeFixtures are the mixture-of-experts checkpoints: their optimized graphs hold moe ops,
+// which run on the GPU as their decomposition (topk and the primitives).
+var moeFixtures = []string{"tiny-mixtral", "tiny-qwen2moe", "tiny-qwen3moe"}
+
+// topk gives the CPU's values and indices exactly: largest first, ties lowest index first,
+// NaN above every number, -0 and +0 equal.
+func TestTopKMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(17, 71))
+	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+		for _, c := range []struct {
+			shape []int
+			k     int
+		}{{[]int{3, 8}, 2}, {[]int{2, 5, 4}, 4}, {[]int{1, 128}, 3}, {[]int{300, 6}, 1}, {[]int{7}, 7}} {
+			x := randTensor(rng, dt, c.shape, -2, 2)
+			check := func(name string, x *tensor.Tensor) {
+				t.Helper()
+				want := cpuOp(t, "topk", graph.Attrs{"k": c.k}, x)
+				got := runOp(t, d, "topk", graph.Attrs{"k": c.k}, x)
+				what := fmt.Sprintf("%s %s%v k=%d", name, dt, c.shape, c.k)
+				compare(t, "topk values", what, got[0], want[0], exact)
+				compare(t, "topk indices", what, got[1], want[1], exact)
+			}
+			check("random", x)
+			// Ties and special values: a row of equal values, zeros of both signs, NaNs.
+			special := []float32{0, float32(math.Copysign(0, -1)), float32(math.NaN()), 1, 1, -1, float32(math.NaN()), float32(math.Inf(-1))}
+			y := tensor.New(tensor.F32, c.shape...)
+			for i := range y.F32 {
+				y.F32[i] = special[(i*5)%len(special)]
+				if i%c.shape[len(c.shape)-1] == 0 && i%3 == 0 {
+					y.F32[i] = 1
+				}
+			}
+			check("special", y.Cast(dt))
+		}
+	}
+}
+
+// Every op of the MoE fixtures' optimized graphs runs on the GPU: moe (no CUDA kernel yet)
+// expands into primitives that all have one, topk included (checked without a GPU).
+func TestMoEGraphsHaveKernels(t *testing.T) {
+	for _, name := range moeFixtures {
+		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
+			m, err := model.Open("../../testdata/" + name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := optimizedGraph(t, m, act)
+			m.Close()
+			moes := 0
+			for _, n := range g.Nodes {
+				if n.Op == "moe" {
+					moes++
+				}
+			}
+			if moes == 0 {
+				t.Fatalf("%s %s: no moe op in the optimized graph", name, act)
+			}
+			x, from, err := expandGraph(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := missingKernels(x, from); err != nil {
+				t.Errorf("%s %s: %v", name, act, err)
+			}
+		}
+	}
+}
+
+// The MoE fixtures' optimized graphs, their moe ops run as the decomposition on the GPU,
+// give the CPU's logits (where moe runs its fast kernel).
+func TestMoEDecomposedOnGPU(t *testing.T) {
+	d := gpu(t)
+	for _, name := range moeFixtures {
+		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
+			t.Run(name+"/"+act.String(), func(t *testing.T) {
+				m, err := model.Open("../../testdata/" + name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				checkAgainstCPU(t, d, name, act, m, optimizedGraph(t, m, act))
+			})
+		}
+	}
+}
