@@ -80,20 +80,24 @@ func TestMoEGraphsHaveKernels(t *testing.T) {
 	}
 }
 
-// The MoE fixtures' optimized graphs, their moe ops run as the decomposition on the GPU,
-// give the CPU's logits (where moe runs its fast kernel).
+// The MoE fixtures' optimized graphs, their moe ops run as the decomposition on the GPU:
+// with f32 activations and exact f32 linears they give Hugging Face's logits within
+// parity.LogitTol and its greedy tokens; with bf16 activations (bf16 GEMMs) the CPU's bf16
+// logits within a few bf16 ulps. (With f32 activations but bf16 GEMMs the router's
+// probabilities move by ~1e-3, enough to choose another expert where two are that close:
+// on the inputs of checkAgainstCPU tiny-qwen3moe has such a token, 0.1835 against 0.1854,
+// so that comparison is not made.)
 func TestMoEDecomposedOnGPU(t *testing.T) {
 	d := gpu(t)
 	for _, name := range moeFixtures {
-		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
-			t.Run(name+"/"+act.String(), func(t *testing.T) {
-				m, err := model.Open("../../testdata/" + name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer m.Close()
-				checkAgainstCPU(t, d, name, act, m, optimizedGraph(t, m, act))
-			})
-		}
+		t.Run(name, func(t *testing.T) {
+			m, err := model.Open("../../testdata/" + name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			checkHFParity(t, d, name, m, optimizedGraph(t, m, tensor.F32))
+			checkAgainstCPU(t, d, name, tensor.BF16, m, optimizedGraph(t, m, tensor.BF16))
+		})
 	}
 }
