@@ -50,7 +50,8 @@
 // The primitive ops the fused kernels leave out have generic kernels (primitive.go,
 // kernels/primitive.cu): the unary math of the catalog, sub, div, pow, maximum, minimum,
 // comparisons, logical ops, where, casts and add and mul of any dtype, sum, mean, max,
-// softmax, batched matmul and iota. They compute as the CPU's reference kernels do and are
+// softmax, batched matmul, iota and topk (so that moe runs decomposed). They compute as the
+// CPU's reference kernels do and are
 // there so that fused ops can run as their decompositions (see below), not for speed.
 //
 // Kernels round where the graph op's decomposition rounds, so f32 results match the CPU
@@ -82,7 +83,8 @@
 // device in the op's own file, which enters the op in the executor's table. A fused op without
 // a CUDA kernel runs as its catalog decomposition: Compile expands such nodes (graph.Expand,
 // recursively) into primitives, which all have kernels (generic ones in primitive.cu: unary
-// math, arithmetic, comparisons, logic, where, casts, reductions, softmax, batched matmul),
+// math, arithmetic, comparisons, logic, where, casts, reductions, softmax, batched matmul,
+// topk),
 // and logs each such op once; so a new fused op needs only its catalog entry to run
 // everywhere, and a kernel of its own to run fast. An op with neither kernel nor decomposition
 // is a compile error naming it, never a CPU fallback. paged_attention picks its kernel by
