@@ -51,8 +51,8 @@
 // kernels/primitive.cu): the unary math of the catalog, sub, div, pow, maximum, minimum,
 // comparisons, logical ops, where, casts and add and mul of any dtype, sum, mean, max,
 // softmax, batched matmul, iota and topk (so that moe runs decomposed). They compute as the
-// CPU's reference kernels do and are
-// there so that fused ops can run as their decompositions (see below), not for speed.
+// CPU's reference kernels do and are there so that fused ops can run as their
+// decompositions (see below), not for speed.
 //
 // Kernels round where the graph op's decomposition rounds, so f32 results match the CPU
 // backend to the last bits and bf16 results to one bf16 ulp; attention differs from the
