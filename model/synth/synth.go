@@ -26,7 +26,7 @@ import (
 type Shape struct {
 	Name   string
 	Config map[string]any
-	Chat   string // chat template style: "llama3" or "chatml"
+	Chat   string // chat template style: "llama3", "chatml" or "mistral"
 }
 
 func llama3(name string, vocab, hidden, inter, layers, heads, kv int, factor float64, tie bool) Shape {
@@ -56,6 +56,33 @@ var Shapes = map[string]Shape{
 		"bos_token_id": 151643, "eos_token_id": 151645,
 		"rope_parameters": map[string]any{"rope_type": "default", "rope_theta": 1000000.0},
 	}},
+	// The mixture-of-experts shapes, with the released config.json fields: one tensor per
+	// expert projection, as those checkpoints store them. Full size, Qwen3-30B-A3B is 30.5 B
+	// params (61.1 GB in bf16) and Mixtral-8x7B 46.7 B (93.4 GB); --layers and --experts make
+	// smaller copies.
+	"qwen3-30b-a3b": {Name: "qwen3-30b-a3b", Chat: "chatml", Config: map[string]any{
+		"architectures": []string{"Qwen3MoeForCausalLM"}, "model_type": "qwen3_moe",
+		"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+		"num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+		"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+		"norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": []int{},
+		"max_position_embeddings": 40960, "max_window_layers": 48, "rms_norm_eps": 1e-6,
+		"hidden_act": "silu", "attention_bias": false, "tie_word_embeddings": false,
+		"torch_dtype": "bfloat16", "use_sliding_window": false, "sliding_window": nil,
+		"rope_theta": 1000000.0, "rope_scaling": nil,
+		"router_aux_loss_coef": 0.001, "output_router_logits": false,
+		"bos_token_id": 151643, "eos_token_id": 151645,
+	}},
+	"mixtral-8x7b": {Name: "mixtral-8x7b", Chat: "mistral", Config: map[string]any{
+		"architectures": []string{"MixtralForCausalLM"}, "model_type": "mixtral",
+		"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+		"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+		"num_local_experts": 8, "num_experts_per_tok": 2,
+		"max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+		"tie_word_embeddings": false, "torch_dtype": "bfloat16", "sliding_window": nil,
+		"rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "output_router_logits": false,
+		"bos_token_id": 1, "eos_token_id": 2,
+	}},
 }
 
 // Names lists the known shape names, sorted.
@@ -72,6 +99,9 @@ func Names() []string {
 type Options struct {
 	// Layers overrides num_hidden_layers when > 0 (smaller models for quick runs).
 	Layers int
+	// Experts overrides a mixture-of-experts shape's expert count (num_experts or
+	// num_local_experts) when > 0; it must be at least num_experts_per_tok.
+	Experts int
 	// Seed selects the random weights.
 	Seed uint64
 	// ShardBytes caps the size of one safetensors file (default 4 GB); larger checkpoints are
@@ -82,29 +112,11 @@ type Options struct {
 // Write creates dir and writes config.json, generation_config.json, the weights and a
 // byte-level tokenizer (every byte a token, no merges, plus the shape's special tokens).
 func Write(ctx context.Context, name, dir string, opts Options) error {
-	shape, ok := Shapes[name]
-	if !ok {
-		return fmt.Errorf("unknown model shape %q; known: %s", name, strings.Join(Names(), ", "))
-	}
-	cfgMap := map[string]any{}
-	for k, v := range shape.Config {
-		cfgMap[k] = v
-	}
-	if opts.Layers > 0 {
-		cfgMap["num_hidden_layers"] = opts.Layers
-	}
-	cfgJSON, err := json.MarshalIndent(cfgMap, "", "  ")
+	p, err := plan(name, opts)
 	if err != nil {
 		return err
 	}
-	cfg, err := model.ParseConfig(cfgJSON, name+" config")
-	if err != nil {
-		return err
-	}
-	g, err := model.BuildGraph(cfg, model.BuildOptions{})
-	if err != nil {
-		return err
-	}
+	shape, cfgMap, cfgJSON, cfg, g := p.shape, p.cfgMap, p.cfgJSON, p.cfg, p.g
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -119,6 +131,59 @@ func Write(ctx context.Context, name, dir string, opts Options) error {
 		return err
 	}
 	return writeWeights(ctx, dir, g, opts)
+}
+
+// planned is what Write writes for a shape and options, before any file is written.
+type planned struct {
+	shape   Shape
+	cfgMap  map[string]any
+	cfgJSON []byte
+	cfg     *model.Config
+	g       *graph.Graph // its params are the tensors written
+}
+
+// plan applies opts to the named shape's config and builds the graph whose params synth
+// writes.
+func plan(name string, opts Options) (*planned, error) {
+	shape, ok := Shapes[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown model shape %q; known: %s", name, strings.Join(Names(), ", "))
+	}
+	cfgMap := map[string]any{}
+	for k, v := range shape.Config {
+		cfgMap[k] = v
+	}
+	if opts.Layers > 0 {
+		cfgMap["num_hidden_layers"] = opts.Layers
+	}
+	if opts.Experts > 0 {
+		field := ""
+		for _, f := range []string{"num_local_experts", "num_experts"} {
+			if _, ok := cfgMap[f]; ok {
+				field = f
+			}
+		}
+		if field == "" {
+			return nil, fmt.Errorf("%s has no experts to set the number of", name)
+		}
+		if k, _ := cfgMap["num_experts_per_tok"].(int); opts.Experts < k {
+			return nil, fmt.Errorf("%s routes each token to %d experts (num_experts_per_tok); %d experts are too few", name, k, opts.Experts)
+		}
+		cfgMap[field] = opts.Experts
+	}
+	cfgJSON, err := json.MarshalIndent(cfgMap, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := model.ParseConfig(cfgJSON, name+" config")
+	if err != nil {
+		return nil, err
+	}
+	g, err := model.BuildGraph(cfg, model.BuildOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return &planned{shape, cfgMap, cfgJSON, cfg, g}, nil
 }
 
 // writeWeights writes every param of g with random values: matrices ~U(-a, a) with a giving

@@ -25,14 +25,25 @@ func byteToRune() [256]rune {
 }
 
 // writeTokenizer writes a byte-level BPE tokenizer with no merges: each byte of the text is
-// one token (ids 0-255), and the shape's special tokens sit at the config's BOS and EOS ids.
+// one token (ids 0-255; 3-258 for Mistral's vocabulary, whose <unk>, <s> and </s> take ids 0-2),
+// and the shape's special tokens sit at the config's BOS and EOS ids.
 func writeTokenizer(dir string, shape Shape, cfg *model.Config) error {
+	first := 0 // the id of byte 0
+	if shape.Chat == "mistral" {
+		first = 3
+	}
 	vocab := map[string]int{}
 	for b, r := range byteToRune() {
-		vocab[string(r)] = b
+		vocab[string(r)] = first + b
 	}
 	var bosTok, eosTok, template string
+	added := []map[string]any{}
 	switch shape.Chat {
+	case "mistral":
+		bosTok, eosTok = "<s>", "</s>"
+		template = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% else %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}"
+		vocab["<unk>"] = 0
+		added = append(added, map[string]any{"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
 	case "chatml":
 		bosTok, eosTok = "<|endoftext|>", "<|im_end|>"
 		template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -40,7 +51,6 @@ func writeTokenizer(dir string, shape Shape, cfg *model.Config) error {
 		bosTok, eosTok = "<|begin_of_text|>", "<|eot_id|>"
 		template = "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 	}
-	added := []map[string]any{}
 	for _, s := range []struct {
 		tok string
 		id  int
@@ -51,9 +61,9 @@ func writeTokenizer(dir string, shape Shape, cfg *model.Config) error {
 		vocab[s.tok] = s.id
 		added = append(added, map[string]any{"id": s.id, "content": s.tok, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
 	}
-	// Llama 3 puts BOS in front of every encoding; ChatML models add nothing.
+	// Llama 3 and Mistral put BOS in front of every encoding; ChatML models add nothing.
 	post := map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true}
-	if shape.Chat == "llama3" {
+	if shape.Chat == "llama3" || shape.Chat == "mistral" {
 		post = map[string]any{"type": "TemplateProcessing",
 			"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": bosTok, "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}},
 			"pair":           []any{map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "B", "type_id": 1}}},
