@@ -355,11 +355,11 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	if err := e.validate(&req); err != nil {
 		return nil, err
 	}
-	// The last generated token's keys and values are never computed.
-	need := e.alloc.BlocksFor(len(req.Prompt) + req.MaxTokens - 1)
-	if need > e.alloc.NumBlocks() {
-		return nil, fmt.Errorf("submit %s: %w: %d prompt + %d new tokens need %d blocks of %d tokens, the cache has %d (raise KVCacheBytes or KVBlocks)",
-			reqName(req), ErrRequestTooLarge, len(req.Prompt), req.MaxTokens, need, e.alloc.BlockSize(), e.alloc.NumBlocks())
+	// The last generated token's keys and values are never computed, so the cache must hold
+	// len(Prompt)+MaxTokens-1 tokens; compared without that sum, which could overflow.
+	if capacity := e.alloc.NumBlocks() * e.alloc.BlockSize(); req.MaxTokens-1 > capacity-len(req.Prompt) {
+		return nil, fmt.Errorf("submit %s: %w: %d prompt tokens + max_tokens %d exceed the KV cache's %d blocks of %d tokens (raise KVCacheBytes or KVBlocks)",
+			reqName(req), ErrRequestTooLarge, len(req.Prompt), req.MaxTokens, e.alloc.NumBlocks(), e.alloc.BlockSize())
 	}
 	sampler, err := sample.New(req.Sampling, req.Prompt)
 	if err != nil {
@@ -474,7 +474,9 @@ func (e *Engine) validate(r *Request) error {
 	if r.MaxTokens < 1 {
 		return bad("max_tokens must be >= 1, got %d", r.MaxTokens)
 	}
-	if mp := e.info.MaxPositions; mp > 0 && len(r.Prompt)+r.MaxTokens > mp {
+	// Compared as MaxTokens > room, not len+MaxTokens > limit, so that a MaxTokens near
+	// the largest int cannot overflow past the check.
+	if mp := e.info.MaxPositions; mp > 0 && r.MaxTokens > mp-len(r.Prompt) {
 		return bad("%d prompt tokens + max_tokens %d exceed the model's context of %d tokens", len(r.Prompt), r.MaxTokens, mp)
 	}
 	for i, id := range r.Prompt {

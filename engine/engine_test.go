@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -389,6 +390,8 @@ func TestSubmitValidation(t *testing.T) {
 		{"empty prompt", Request{MaxTokens: 1}, "empty prompt"},
 		{"no max_tokens", Request{Prompt: []int{1}}, "max_tokens must be >= 1"},
 		{"beyond the context", Request{Prompt: make([]int, 1000), MaxTokens: 25}, "exceed the model's context of 1024"},
+		{"max_tokens overflowing the context check", Request{Prompt: []int{1, 2}, MaxTokens: math.MaxInt}, "max_tokens 9223372036854775807 exceed the model's context"},
+		{"max_tokens of MaxInt-1", Request{Prompt: []int{1}, MaxTokens: math.MaxInt - 1}, "exceed the model's context"},
 		{"token outside the vocabulary", Request{Prompt: []int{1, 512}, MaxTokens: 1}, "prompt token 1 is 512"},
 		{"negative token", Request{Prompt: []int{-1}, MaxTokens: 1}, "prompt token 0 is -1"},
 		{"stop token outside", Request{Prompt: []int{1}, MaxTokens: 1, StopTokenIDs: []int{600}}, "stop token id 600"},
@@ -414,6 +417,17 @@ func TestAdmission(t *testing.T) {
 		e := newEngine(t, "tiny-llama", Options{KVBlocks: 6})
 		if _, err := e.Submit(ctx, long); !errors.Is(err, ErrRequestTooLarge) {
 			t.Errorf("error %v, want ErrRequestTooLarge", err)
+		}
+	})
+	t.Run("max_tokens overflowing the cache check", func(t *testing.T) {
+		// No model context to check against: the KV cache check alone must refuse it.
+		e := newEngine(t, "tiny-llama", Options{KVBlocks: 6})
+		e.info.MaxPositions = 0
+		for _, n := range []int{math.MaxInt, math.MaxInt - 1, math.MaxInt/2 + 1} {
+			_, err := e.Submit(ctx, Request{Prompt: []int{1, 2}, MaxTokens: n, IgnoreEOS: true})
+			if !errors.Is(err, ErrRequestTooLarge) || !strings.Contains(err.Error(), "max_tokens") {
+				t.Errorf("max_tokens %d: error %v, want ErrRequestTooLarge naming max_tokens", n, err)
+			}
 		}
 	})
 	t.Run("cache full, no queueing", func(t *testing.T) {
