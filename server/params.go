@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ const maxStops = 4
 type genRequest struct {
 	prompt       []int
 	maxTokens    int
+	maxTokensArg string // the parameter that set maxTokens (max_tokens or max_completion_tokens)
 	sampling     sample.Params
 	stop         []string
 	stopTokenIDs []int
@@ -168,7 +170,7 @@ func (s *Server) sampling(sr *samplingRequest, g *genRequest) error {
 		if *f.v < 1 {
 			return badParam(f.name, "%s must be at least 1, got %d", f.name, *f.v)
 		}
-		g.maxTokens = *f.v
+		g.maxTokens, g.maxTokensArg = *f.v, f.name
 	}
 
 	stops, err := parseStop(sr.Stop)
@@ -232,8 +234,11 @@ func (s *Server) fitContext(g *genRequest, promptParam string, def int) error {
 		return e
 	}
 	if g.maxTokens > 0 {
-		if n+g.maxTokens > ctxLen {
-			e := badParam("max_tokens", "this model's maximum context length is %d tokens, but %d were requested (%d in the prompt, %d for the completion)", ctxLen, n+g.maxTokens, n, g.maxTokens)
+		// maxTokens > ctxLen-n rather than n+maxTokens > ctxLen: a max_tokens near the
+		// largest int would overflow the sum and pass.
+		if g.maxTokens > ctxLen-n {
+			param := cmp.Or(g.maxTokensArg, "max_tokens")
+			e := badParam(param, "this model's maximum context length is %d tokens, but %d prompt tokens + %s %d were requested", ctxLen, n, param, g.maxTokens)
 			e.Code = "context_length_exceeded"
 			return e
 		}
