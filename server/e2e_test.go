@@ -278,19 +278,23 @@ func TestEngineKVCacheLimits(t *testing.T) {
 	}
 }
 
-// TestEngineBadRequests checks the 400s that depend on the real model and that the server
+// TestEngineBadRequests checks the 400s (and the unknown model's 404) that depend on the real model and that the server
 // keeps serving after them.
 func TestEngineBadRequests(t *testing.T) {
 	env := newRealEnv(t, "tiny-llama", engine.Options{MaxBatch: 4, KVBlocks: 64})
-	for _, tc := range []struct{ name, body, param string }{
-		{"context", `{"model": "tiny-llama", "prompt": "hi", "max_tokens": 1100}`, "max_tokens"},
-		{"vocabulary", `{"model": "tiny-llama", "prompt": [1, 512]}`, "prompt"},
-		{"model", `{"model": "tiny-qwen2", "prompt": "hi"}`, "model"},
+	for _, tc := range []struct {
+		name, body, param string
+		status            int
+	}{
+		{"context", `{"model": "tiny-llama", "prompt": "hi", "max_tokens": 1100}`, "max_tokens", http.StatusBadRequest},
+		{"max_tokens overflow", `{"model": "tiny-llama", "prompt": "hi", "max_tokens": 9223372036854775807, "ignore_eos": true}`, "max_tokens", http.StatusBadRequest},
+		{"vocabulary", `{"model": "tiny-llama", "prompt": [1, 512]}`, "prompt", http.StatusBadRequest},
+		{"model", `{"model": "tiny-qwen2", "prompt": "hi"}`, "model", http.StatusNotFound},
 	} {
 		_, err := env.client.Completions.New(ctxT(t), openai.CompletionNewParams{}, option.WithRequestBody("application/json", []byte(tc.body)))
 		var apiErr *openai.Error
-		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != tc.param {
-			t.Errorf("%s: got %v, want 400 naming %s", tc.name, err, tc.param)
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != tc.status || apiErr.Param != tc.param {
+			t.Errorf("%s: got %v, want %d naming %s", tc.name, err, tc.status, tc.param)
 		}
 	}
 	if _, err := env.client.Completions.New(ctxT(t), openai.CompletionNewParams{

@@ -89,11 +89,12 @@ func jsonTypeName(goType string) string {
 	return "an object"
 }
 
-// checkModel refuses a model name other than the served one. An empty name means the
-// served model.
+// checkModel refuses a model name other than the served one with 404 model_not_found, as
+// OpenAI does. An empty name means the served model.
 func (s *Server) checkModel(name string) error {
 	if name != "" && name != s.cfg.Model {
 		e := badParam("model", "the model %q does not exist; this server serves %q", name, s.cfg.Model)
+		e.Status = http.StatusNotFound
 		e.Code = "model_not_found"
 		return e
 	}

@@ -102,12 +102,33 @@ func New(eng Engine, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: register metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/completions", s.api("completions", s.handleCompletions))
-	mux.Handle("POST /v1/chat/completions", s.api("chat_completions", s.handleChat))
-	mux.Handle("GET /v1/models", s.api("models", s.handleModels))
-	mux.HandleFunc("GET /health", s.handleHealth)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	routes := []struct {
+		method, path string
+		h            http.Handler
+	}{
+		{"POST", "/v1/completions", s.api("completions", s.handleCompletions)},
+		{"POST", "/v1/chat/completions", s.api("chat_completions", s.handleChat)},
+		{"GET", "/v1/models", s.api("models", s.handleModels)},
+		{"GET", "/health", http.HandlerFunc(s.handleHealth)},
+		{"GET", "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})},
+	}
+	allow := map[string]string{} // path -> its Allow header
+	for _, rt := range routes {
+		mux.Handle(rt.method+" "+rt.path, rt.h)
+		allow[rt.path] = rt.method
+		if rt.method == "GET" {
+			allow[rt.path] = "GET, HEAD" // a GET pattern serves HEAD too
+		}
+	}
+	// The catch-all pattern hides the mux's own 405s, so answer a known path with the wrong
+	// method here: 405 with an Allow header, as HTTP asks, rather than 404.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if methods, ok := allow[r.URL.Path]; ok {
+			w.Header().Set("Allow", methods)
+			writeJSON(w, http.StatusMethodNotAllowed, errorBody{&APIError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest,
+				Message: fmt.Sprintf("method %s is not allowed for %s; use %s", r.Method, r.URL.Path, methods)}})
+			return
+		}
 		writeJSON(w, http.StatusNotFound, errorBody{&APIError{Status: http.StatusNotFound, Type: typeNotFound,
 			Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}})
 	})

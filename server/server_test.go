@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -425,6 +426,71 @@ func TestDisconnectFreesKVBlocks(t *testing.T) {
 	}
 }
 
+// TestNotFoundAndMethods: an unknown model is 404 model_not_found (as OpenAI answers it), a
+// known path with the wrong method 405 with an Allow header, an unknown path 404.
+func TestNotFoundAndMethods(t *testing.T) {
+	env := newEnv(t, "tiny-llama", nil)
+	for _, tc := range []struct {
+		name, body string
+		chat       bool
+	}{
+		{"completions", `{"model": "gpt-9", "prompt": "hi"}`, false},
+		{"chat", `{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}`, true},
+	} {
+		t.Run("unknown model "+tc.name, func(t *testing.T) {
+			var err error
+			body := option.WithRequestBody("application/json", []byte(tc.body))
+			if tc.chat {
+				_, err = env.client.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{}, body)
+			} else {
+				_, err = env.client.Completions.New(ctxT(t), openai.CompletionNewParams{}, body)
+			}
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) {
+				t.Fatalf("got %v, want an API error", err)
+			}
+			if apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" || apiErr.Param != "model" {
+				t.Errorf("got %d code %q param %q: %s; want 404 model_not_found param model", apiErr.StatusCode, apiErr.Code, apiErr.Param, apiErr.Message)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"GET", "/v1/completions", http.StatusMethodNotAllowed, "POST"},
+		{"PUT", "/v1/chat/completions", http.StatusMethodNotAllowed, "POST"},
+		{"DELETE", "/v1/models", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"POST", "/health", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"POST", "/metrics", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"GET", "/v1/nothing", http.StatusNotFound, ""},
+		{"POST", "/v1/completions/x", http.StatusNotFound, ""},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			req, err := http.NewRequestWithContext(ctxT(t), tc.method, env.base+tc.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Error struct{ Message, Type string }
+			}
+			jerr := json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+				t.Errorf("got %d Allow %q, want %d Allow %q", resp.StatusCode, resp.Header.Get("Allow"), tc.status, tc.allow)
+			}
+			if jerr != nil || body.Error.Message == "" {
+				t.Errorf("error body: %v %+v", jerr, body)
+			}
+		})
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	env := newEnv(t, "tiny-llama", nil)
 	long := strings.TrimSuffix(strings.Repeat("1,", 300), ",")
@@ -437,8 +503,6 @@ func TestBadRequests(t *testing.T) {
 		{"empty body", ``, "", false},
 		{"not an object", `[1,2]`, "", false},
 		{"trailing data", `{"prompt": "hi"} {}`, "", false},
-		{"unknown model", `{"model": "gpt-9", "prompt": "hi"}`, "model", false},
-		{"unknown model (chat)", `{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}`, "model", true},
 		{"no prompt", `{"model": "tiny"}`, "prompt", false},
 		{"prompt of wrong type", `{"model": "tiny", "prompt": {"a": 1}}`, "prompt", false},
 		{"several prompts", `{"model": "tiny", "prompt": ["a", "b"]}`, "prompt", false},
