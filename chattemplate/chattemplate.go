@@ -50,8 +50,11 @@ type Options struct {
 	// when nil), as transformers passes them.
 	Tools     []any
 	Documents []any
-	// Vars are extra template variables (for example enable_thinking); they override the
-	// others.
+	// Vars are extra template variables (for example enable_thinking). They may not name a
+	// variable the rendering sets itself (messages, add_generation_prompt, tools, documents,
+	// the special tokens such as bos_token, the functions such as raise_exception): such a
+	// rendering fails with a *ReservedVarError, rather than let a request rewrite the
+	// conversation or the special tokens the template writes.
 	Vars map[string]any
 	// Now is the clock of strftime_now; nil means time.Now.
 	Now func() time.Time
@@ -63,6 +66,16 @@ type Template struct {
 	source  string
 	tmpl    *jinja.Template
 	special map[string]jinja.Value
+}
+
+// ReservedVarError is the error of Options.Vars naming a variable the rendering sets
+// itself (see Options.Vars).
+type ReservedVarError struct {
+	Name string
+}
+
+func (e *ReservedVarError) Error() string {
+	return fmt.Sprintf("chattemplate: the template variable %q is set by the renderer and cannot be overridden", e.Name)
 }
 
 // RaiseError is the error of a template that called raise_exception, for example to refuse
@@ -175,6 +188,11 @@ func (t *Template) RenderWith(messages []Message, opts Options) (out string, err
 		}
 		return jinja.NewString(strftime(now(), args[0].AsString())), nil
 	})
+	for _, k := range slices.Sorted(maps.Keys(opts.Vars)) {
+		if _, ok := data[k]; ok {
+			return "", &ReservedVarError{Name: k}
+		}
+	}
 	for k, v := range opts.Vars {
 		data[k] = toValue(v)
 	}

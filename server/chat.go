@@ -147,6 +147,10 @@ func (s *Server) chatPrompt(req *chatRequest) ([]int, error) {
 	text, err := s.cfg.ChatTemplate.RenderWith(msgs, chattemplate.Options{AddGenerationPrompt: addGen, Vars: req.ChatTemplateKwargs})
 	if err != nil {
 		var raise *chattemplate.RaiseError
+		var reserved *chattemplate.ReservedVarError
+		if errors.As(err, &reserved) {
+			return nil, badParam("chat_template_kwargs", "chat_template_kwargs may not set %q: the server sets it", reserved.Name)
+		}
 		if errors.As(err, &raise) {
 			return nil, badParam("messages", "%s", raise.Message)
 		}
