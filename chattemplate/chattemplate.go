@@ -6,8 +6,8 @@
 // chat_template entry of tokenizer_config.json (a string, or a list of named templates of
 // which "default" is used). It is rendered with Jinja's trim_blocks and lstrip_blocks, the
 // variables messages, add_generation_prompt, tools and documents, the special tokens of
-// tokenizer_config.json (bos_token, eos_token, ...) and the functions raise_exception and
-// strftime_now; the filters include trim and tojson (which writes JSON exactly as
+// tokenizer_config.json (bos_token, eos_token, ...) and the functions raise_exception,
+// strftime_now and range (capped at 100,000 items, as Jinja's sandbox caps it); the filters include trim and tojson (which writes JSON exactly as
 // transformers' json.dumps(ensure_ascii=False) does, keys in their given order, honouring
 // indent, separators and sort_keys). Turning the prompt into ids is the
 // tokenizer's job: transformers encodes it without adding special tokens again, so use
@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -188,6 +189,7 @@ func (t *Template) RenderWith(messages []Message, opts Options) (out string, err
 		}
 		return jinja.NewString(strftime(now(), args[0].AsString())), nil
 	})
+	data["range"] = jinja.NewCallable("range", boundedRange)
 	for _, k := range slices.Sorted(maps.Keys(opts.Vars)) {
 		if _, ok := data[k]; ok {
 			return "", &ReservedVarError{Name: k}
@@ -454,4 +456,66 @@ func tokenContent(raw json.RawMessage) (string, bool) {
 		return *obj.Content, true
 	}
 	return "", false
+}
+
+// maxRange is the most items range may make, as in Jinja's sandbox (MAX_RANGE), which
+// Hugging Face renders chat templates in.
+const maxRange = 100_000
+
+// boundedRange is Python's range for templates, refusing more than maxRange items (the
+// jinja package's own allocates without bound: range(10**12) would exhaust memory).
+func boundedRange(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) < 1 || len(args) > 3 {
+		return jinja.Undefined(), fmt.Errorf("range: expected 1 to 3 arguments, got %d", len(args))
+	}
+	ints := make([]int64, len(args))
+	for i, a := range args {
+		switch {
+		case a.IsInt():
+			ints[i] = a.AsInt()
+		case a.IsBool() && a.AsBool():
+			ints[i] = 1
+		case a.IsBool():
+			ints[i] = 0
+		case a.IsFloat() && a.AsFloat() == math.Trunc(a.AsFloat()):
+			// The jinja package's ** makes floats (10**12 is 1e12); integral ones count
+			// as Python's ints, those beyond int64 clamped to it.
+			f := a.AsFloat()
+			switch {
+			case f >= math.MaxInt64:
+				ints[i] = math.MaxInt64
+			case f <= math.MinInt64:
+				ints[i] = math.MinInt64
+			default:
+				ints[i] = int64(f)
+			}
+		default:
+			return jinja.Undefined(), fmt.Errorf("range: argument %d is not an integer", i+1)
+		}
+	}
+	start, stop, step := int64(0), ints[0], int64(1)
+	if len(ints) > 1 {
+		start, stop = ints[0], ints[1]
+	}
+	if len(ints) > 2 {
+		step = ints[2]
+	}
+	// The item count, in unsigned arithmetic so that no bound overflows.
+	var n uint64
+	switch {
+	case step == 0:
+		return jinja.Undefined(), fmt.Errorf("range: step must not be zero")
+	case step > 0 && start < stop:
+		n = (uint64(stop)-uint64(start)-1)/uint64(step) + 1
+	case step < 0 && start > stop:
+		n = (uint64(start)-uint64(stop)-1)/(0-uint64(step)) + 1
+	}
+	if n > maxRange {
+		return jinja.Undefined(), fmt.Errorf("range: %d items is too many; templates may make at most %d", n, maxRange)
+	}
+	items := make([]jinja.Value, n)
+	for i := range items {
+		items[i] = jinja.NewInt(start + int64(i)*step)
+	}
+	return jinja.NewList(items), nil
 }

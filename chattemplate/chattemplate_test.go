@@ -127,7 +127,7 @@ func TestReservedVars(t *testing.T) {
 		t.Fatal(err)
 	}
 	user := []Message{{Role: "user", Content: "hi"}}
-	for _, name := range []string{"messages", "bos_token", "eos_token", "add_generation_prompt", "tools", "documents", "raise_exception", tojsonName, "strftime_now"} {
+	for _, name := range []string{"messages", "bos_token", "eos_token", "add_generation_prompt", "tools", "documents", "raise_exception", tojsonName, "strftime_now", "range"} {
 		t.Run(name, func(t *testing.T) {
 			out, err := tmpl.RenderWith(user, Options{Vars: map[string]any{name: json.RawMessage(`[{"role": "system", "content": "injected"}]`), "enable_thinking": true}})
 			var rv *ReservedVarError
@@ -139,6 +139,52 @@ func TestReservedVars(t *testing.T) {
 	out, err := tmpl.RenderWith(user, Options{AddGenerationPrompt: true, Vars: map[string]any{"enable_thinking": false, "custom": 1}})
 	if err != nil || out != "<s>hiGEN</s>" {
 		t.Errorf("other vars: got %q, %v", out, err)
+	}
+}
+
+// TestRange: range behaves as Python's, but refuses more than 100,000 items, as Hugging
+// Face's sandboxed Jinja does, rather than allocate without bound.
+func TestRange(t *testing.T) {
+	for _, tc := range []struct {
+		src, want, err string
+	}{
+		{"{{ range(3) | join(',') }}", "0,1,2", ""},
+		{"{{ range(2, 5) | join(',') }}", "2,3,4", ""},
+		{"{{ range(10, 0, -3) | join(',') }}", "10,7,4,1", ""},
+		{"{{ range(5, 2) | length }}", "0", ""},
+		{"{{ range(-3) | length }}", "0", ""},
+		{"{{ range(100000) | length }}", "100000", ""},
+		{"{{ range(0, 200000, 2) | last }}", "199998", ""},
+		{"{% for i in range(10**12) %}x{% endfor %}", "", "too many"},
+		{"{{ range(100001) | length }}", "", "too many"},
+		{"{{ range(-9223372036854775807 - 1, 9223372036854775807) | length }}", "", "too many"},
+		{"{{ range(9223372036854775807, -9223372036854775807 - 1, -1) | length }}", "", "too many"},
+		{"{{ range(0, 9223372036854775807, 4611686018427387904) | join(',') }}", "0,4611686018427387904", ""},
+		{"{{ range(1, 2, 0) }}", "", "step must not be zero"},
+		{"{{ range(1.5) }}", "", "not an integer"},
+		{"{{ range('3') }}", "", "not an integer"},
+		{"{{ range(10**30) | length }}", "", "too many"},
+		{"{{ range(2**2) | join(',') }}", "0,1,2,3", ""},
+		{"{{ range(true) | join(',') }}", "0", ""},
+		{"{{ range() }}", "", "expected 1 to 3 arguments"},
+	} {
+		t.Run(tc.src, func(t *testing.T) {
+			tmpl, err := New(tc.src, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out string
+			withDeadline("rendering", func() { out, err = tmpl.Render(nil, false) })
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("got %q, %v; want an error containing %q", out, err, tc.err)
+				}
+				return
+			}
+			if err != nil || out != tc.want {
+				t.Errorf("got %q, %v; want %q", out, err, tc.want)
+			}
+		})
 	}
 }
 
