@@ -144,28 +144,37 @@ func (f *fields) ids(k string) []int {
 	if !f.has(k) {
 		return nil
 	}
-	raw := f.m[k]
-	if v, ok := asInt(raw); ok {
+	if v, ok := asInt(f.m[k]); ok {
 		return []int{v}
 	}
-	var list []json.RawMessage
-	if err := json.Unmarshal(raw, &list); err == nil {
-		out := make([]int, 0, len(list))
-		for _, r := range list {
-			v, ok := asInt(r)
-			if !ok {
-				f.fail("%s: want integers, got %s", f.key(k), describe(r))
-				return nil
-			}
-			out = append(out, v)
-		}
-		return out
-	}
-	f.fail("%s: want an integer, a list of integers or null, got %s", f.key(k), describe(raw))
-	return nil
+	return f.intListOf(k, "an integer, a list of integers or null")
 }
 
-// object reads a nested object field; absent or null gives nil.
+// intList reads a list of integers; absent or null gives nil.
+func (f *fields) intList(k string) []int { return f.intListOf(k, "a list of integers") }
+
+// intListOf reads a list of integers, failing with "want <want>" when the field is no list.
+func (f *fields) intListOf(k, want string) []int {
+	if !f.has(k) {
+		return nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(f.m[k], &list); err != nil {
+		f.fail("%s: want %s, got %s", f.key(k), want, describe(f.m[k]))
+		return nil
+	}
+	out := make([]int, 0, len(list))
+	for _, r := range list {
+		v, ok := asInt(r)
+		if !ok {
+			f.fail("%s: want integers, got %s", f.key(k), describe(r))
+			return nil
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
 func (f *fields) object(k string) *fields {
 	if !f.has(k) {
 		return nil

@@ -1,8 +1,6 @@
 package model
 
-import (
-	"encoding/json"
-)
+import ()
 
 // MoEConfig holds the mixture-of-experts settings beyond the expert counts
 // (Config.NumLocalExperts, Config.NumExpertsPerTok), as Qwen2-MoE and Qwen3-MoE configs name
@@ -42,28 +40,6 @@ func parseMoE(f *fields) MoEConfig {
 	f.nonNegative("shared_expert_intermediate_size", m.SharedExpertIntermediateSize)
 	f.positive("decoder_sparse_step", m.DecoderSparseStep, false)
 	return m
-}
-
-// intList reads a list of integers; absent or null gives nil.
-func (f *fields) intList(k string) []int {
-	if !f.has(k) {
-		return nil
-	}
-	var list []json.RawMessage
-	if err := json.Unmarshal(f.m[k], &list); err != nil {
-		f.fail("%s: want a list of integers, got %s", f.key(k), describe(f.m[k]))
-		return nil
-	}
-	out := make([]int, 0, len(list))
-	for _, r := range list {
-		v, ok := asInt(r)
-		if !ok {
-			f.fail("%s: want integers, got %s", f.key(k), describe(r))
-			return nil
-		}
-		out = append(out, v)
-	}
-	return out
 }
 
 // IsSparseLayer reports whether decoder layer l routes its tokens to experts: the model has
