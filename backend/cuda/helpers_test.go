@@ -153,11 +153,11 @@ func randInts(rng *rand.Rand, dt tensor.DType, shape []int, n int) *tensor.Tenso
 	return t
 }
 
-// cpuOp runs op on the CPU backend: one graph input per tensor, the node's outputs as the
-// graph's outputs.
-func cpuOp(t *testing.T, op string, attrs graph.Attrs, in ...*tensor.Tensor) []*tensor.Tensor {
+// opGraph is the graph of one op node: one graph input per tensor (x0, x1, ...), the node's
+// outputs as the graph's outputs, and the feeds that bind the inputs to in.
+func opGraph(t *testing.T, op string, attrs graph.Attrs, in ...*tensor.Tensor) (*graph.Graph, map[string]*tensor.Tensor) {
 	t.Helper()
-	b := graph.NewBuilder("ref")
+	b := graph.NewBuilder(op)
 	vals := make([]*graph.Value, len(in))
 	feeds := map[string]*tensor.Tensor{}
 	for i, x := range in {
@@ -170,6 +170,14 @@ func cpuOp(t *testing.T, op string, attrs graph.Attrs, in ...*tensor.Tensor) []*
 	if err != nil {
 		t.Fatalf("build %s: %v", op, err)
 	}
+	return g, feeds
+}
+
+// cpuOp runs op on the CPU backend: one graph input per tensor, the node's outputs as the
+// graph's outputs.
+func cpuOp(t *testing.T, op string, attrs graph.Attrs, in ...*tensor.Tensor) []*tensor.Tensor {
+	t.Helper()
+	g, feeds := opGraph(t, op, attrs, in...)
 	p, err := cpu.Compile(context.Background(), g, nil)
 	if err != nil {
 		t.Fatalf("cpu compile %s: %v", op, err)

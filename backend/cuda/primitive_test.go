@@ -15,19 +15,7 @@ import (
 // it) and returns its outputs.
 func runOp(t *testing.T, d *Device, op string, attrs graph.Attrs, in ...*tensor.Tensor) []*tensor.Tensor {
 	t.Helper()
-	b := graph.NewBuilder("op")
-	feeds := map[string]*tensor.Tensor{}
-	vals := make([]*graph.Value, len(in))
-	for i, x := range in {
-		name := fmt.Sprintf("x%d", i)
-		vals[i] = b.Input(name, x.DType, graph.Dims(x.Shape...))
-		feeds[name] = x
-	}
-	b.Output(b.Apply(op, attrs, vals...)...)
-	g, err := b.Build()
-	if err != nil {
-		t.Fatalf("build %s: %v", op, err)
-	}
+	g, feeds := opGraph(t, op, attrs, in...)
 	p, err := Compile(context.Background(), d, g, nil, nil)
 	if err != nil {
 		t.Fatalf("compile %s: %v", op, err)
