@@ -438,13 +438,7 @@ func TestNotFoundAndMethods(t *testing.T) {
 		{"chat", `{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}`, true},
 	} {
 		t.Run("unknown model "+tc.name, func(t *testing.T) {
-			var err error
-			body := option.WithRequestBody("application/json", []byte(tc.body))
-			if tc.chat {
-				_, err = env.client.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{}, body)
-			} else {
-				_, err = env.client.Completions.New(ctxT(t), openai.CompletionNewParams{}, body)
-			}
+			err := postRaw(t, env.client, tc.chat, tc.body)
 			var apiErr *openai.Error
 			if !errors.As(err, &apiErr) {
 				t.Fatalf("got %v, want an API error", err)
@@ -550,13 +544,7 @@ func TestBadRequests(t *testing.T) {
 		{"logit_bias", `{"model": "tiny", "prompt": "hi", "logit_bias": {"5": 10}}`, "logit_bias", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var err error
-			body := option.WithRequestBody("application/json", []byte(tc.body))
-			if tc.chat {
-				_, err = env.client.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{}, body)
-			} else {
-				_, err = env.client.Completions.New(ctxT(t), openai.CompletionNewParams{}, body)
-			}
+			err := postRaw(t, env.client, tc.chat, tc.body)
 			var apiErr *openai.Error
 			if !errors.As(err, &apiErr) {
 				t.Fatalf("got %v, want an API error", err)
@@ -578,4 +566,18 @@ func TestBadRequests(t *testing.T) {
 	if got := env.metric(t, `loom_requests_total{code="400",endpoint="completions"}`); got < 30 {
 		t.Errorf("loom_requests_total 400 = %g", got)
 	}
+}
+
+// postRaw sends body as it is to /v1/chat/completions (chat) or /v1/completions and returns
+// the client's error.
+func postRaw(t *testing.T, c openai.Client, chat bool, body string) error {
+	t.Helper()
+	raw := option.WithRequestBody("application/json", []byte(body))
+	var err error
+	if chat {
+		_, err = c.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{}, raw)
+	} else {
+		_, err = c.Completions.New(ctxT(t), openai.CompletionNewParams{}, raw)
+	}
+	return err
 }
