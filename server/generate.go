@@ -174,7 +174,9 @@ func (gen *generation) run(emit func(piece) error) (res result, err error) {
 		}
 		out, stopped := stops.push(dec.Flush())
 		if !stopped {
-			out += stops.flush()
+			var rest string
+			rest, stopped = stops.flush()
+			out += rest
 		}
 		res.finish = "stop"
 		if ev.Finish == engine.FinishLength && !stopped {

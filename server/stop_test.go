@@ -6,13 +6,14 @@ import (
 )
 
 func TestStopMatcher(t *testing.T) {
+	const atFlush = 99 // the stop string is settled only when the text ends
 	for _, tc := range []struct {
 		name    string
 		stops   []string
 		pieces  []string
 		emitted []string // what each push returns
-		stopped int      // index of the push that finds a stop string; -1 for none
-		rest    string   // what flush returns when no stop string was found
+		stopped int      // index of the push that settles a stop string; -1 for none
+		rest    string   // what flush returns when no push stopped
 	}{
 		{"no stops", nil, []string{"ab", "c"}, []string{"ab", "c"}, -1, ""},
 		{"whole in one piece", []string{"STOP"}, []string{"abSTOPcd"}, []string{"ab"}, 0, ""},
@@ -20,7 +21,10 @@ func TestStopMatcher(t *testing.T) {
 		{"false start released", []string{"STOP"}, []string{"xST", "Ax"}, []string{"x", "STAx"}, -1, ""},
 		{"held at the end", []string{"STOP"}, []string{"abST"}, []string{"ab"}, -1, "ST"},
 		{"overlapping prefixes", []string{"aab"}, []string{"a", "a", "a", "b"}, []string{"", "", "a", ""}, 3, ""},
-		{"earliest wins", []string{"cd", "bcdx"}, []string{"abcd"}, []string{"ab"}, 0, ""},
+		{"earliest start wins over earliest end", []string{"aba", "b"}, []string{"a", "b", "a"}, []string{"", "", ""}, 2, ""},
+		{"earlier candidate fails, later match stands", []string{"abc", "b"}, []string{"a", "b", "x"}, []string{"", "", "a"}, 2, ""},
+		{"issue 21: world or or", []string{"world", "or"}, []string{"hello w", "or", "ld"}, []string{"hello ", "", ""}, 2, ""},
+		{"earliest settled at the end", []string{"cd", "bcdx"}, []string{"abcd"}, []string{"a"}, atFlush, "b"},
 		{"longest hold of several", []string{"xyz", "yq"}, []string{"axy"}, []string{"a"}, -1, "xy"},
 		{"multibyte", []string{"éé"}, []string{"café", "é!"}, []string{"caf", ""}, 1, ""},
 	} {
@@ -37,13 +41,17 @@ func TestStopMatcher(t *testing.T) {
 					break
 				}
 			}
-			if stoppedAt != tc.stopped {
-				t.Errorf("stopped at push %d, want %d", stoppedAt, tc.stopped)
-			}
 			if stoppedAt < 0 {
-				if rest := m.flush(); rest != tc.rest {
+				rest, stopped := m.flush()
+				if rest != tc.rest {
 					t.Errorf("flush = %q, want %q", rest, tc.rest)
 				}
+				if stopped {
+					stoppedAt = atFlush
+				}
+			}
+			if stoppedAt != tc.stopped {
+				t.Errorf("stopped at push %d, want %d", stoppedAt, tc.stopped)
 			}
 		})
 	}
@@ -54,6 +62,8 @@ func TestStopMatcher(t *testing.T) {
 func FuzzStopMatcher(f *testing.F) {
 	f.Add("hello STOP world", "STOP", "lo", uint8(3))
 	f.Add("aaab", "aab", "b", uint8(1))
+	f.Add("aba", "aba", "b", uint8(0))
+	f.Add("hello world", "world", "or", uint8(6))
 	f.Fuzz(func(t *testing.T, text, stop1, stop2 string, cut uint8) {
 		var stops []string
 		for _, s := range []string{stop1, stop2} {
@@ -81,7 +91,9 @@ func FuzzStopMatcher(f *testing.F) {
 			stopped = s
 		}
 		if !stopped {
-			got.WriteString(m.flush())
+			rest, s := m.flush()
+			got.WriteString(rest)
+			stopped = s
 		}
 		if got.String() != want || stopped != found {
 			t.Errorf("text %q stops %q step %d: got %q (stopped %v), want %q (%v)", text, stops, step, got.String(), stopped, want, found)
