@@ -67,7 +67,7 @@ func Select(files []File) (sel []File, sharded bool, err error) {
 		if len(other) > 3 {
 			other = append(other[:3], "...")
 		}
-		return nil, false, fmt.Errorf("no *.safetensors weights, only %s: Loom reads safetensors (look for a safetensors revision, e.g. a refs/pr/N of the Hub's conversion bot, as NAME@refs/pr/N)", strings.Join(other, ", "))
+		return nil, false, fmt.Errorf("no *.safetensors weights, only %s: Loom reads safetensors (look for a safetensors revision, e.g. a refs/pr/N of the Hub's conversion bot, as ORG/NAME@refs/pr/N)", strings.Join(other, ", "))
 	}
 	return nil, false, fmt.Errorf("no *.safetensors weights")
 }

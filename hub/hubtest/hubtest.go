@@ -85,6 +85,7 @@ type Fault struct {
 	Stall       bool // with CutAfter: after those bytes the answer waits until the client gives up
 	IgnoreRange bool // answer 200 with the whole file to a Range request
 	Corrupt     bool // flip a byte of the content (the listed size and hash stay)
+	Pad         int  // send this many bytes more than the file has
 	Times       int  // how many answers it spoils; 0: all
 }
 
@@ -112,15 +113,19 @@ func New(t testing.TB, repos ...*Repo) *Server {
 	for _, r := range repos {
 		s.repos[r.ID] = r
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /api/models/{org}/{name}/revision/{rev...}", s.info)
-	mux.HandleFunc("GET /{org}/{name}/resolve/{rev}/{file...}", s.resolve)
-	mux.HandleFunc("GET /cdn/{sha}", s.cdn)
+	api, files := http.NewServeMux(), http.NewServeMux() // two muxes: their patterns overlap
+	api.HandleFunc("GET /api/models/{org}/{name}/revision/{rev...}", s.info)
+	files.HandleFunc("GET /cdn/{sha}", s.cdn)
+	files.HandleFunc("GET /{org}/{name}/resolve/{rev}/{file...}", s.resolve)
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.requests = append(s.requests, Request{Path: r.URL.Path, Range: r.Header.Get("Range"), Auth: r.Header.Get("Authorization")})
 		s.mu.Unlock()
-		mux.ServeHTTP(w, r)
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			api.ServeHTTP(w, r)
+		} else {
+			files.ServeHTTP(w, r)
+		}
 	}))
 	t.Cleanup(s.Close)
 	return s
@@ -306,6 +311,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, name string, data
 	if f.Corrupt {
 		data = bytes.Clone(data)
 		data[len(data)/2] ^= 0xff
+	}
+	if f.Pad > 0 {
+		data = append(bytes.Clone(data), make([]byte, f.Pad)...)
 	}
 	if f.IgnoreRange {
 		r.Header.Del("Range")
