@@ -49,14 +49,7 @@ func init() {
 		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
 			x, router, gate, up, down := n.Inputs[0], n.Inputs[1], n.Inputs[2], n.Inputs[3], n.Inputs[4]
 			r := MoERouting{TopK: n.Attrs.Int("top_k"), Renormalize: n.Attrs.Bool("normalize"), WeightDType: n.Attrs.DType("weight_dtype")}
-			L, I, H := gate.Type.Shape[0].Size, gate.Type.Shape[1], gate.Type.Shape[2]
-			experts := make([]MoEExpert, L)
-			member := func(w *Value, j int, rows, cols Dim) *Value {
-				return b.Reshape(b.Slice(w, 0, j, j+1), rows, cols)
-			}
-			for j := range experts {
-				experts[j] = MoEExpert{Gate: member(gate, j, I, H), Up: member(up, j, I, H), Down: member(down, j, H, I)}
-			}
+			experts := stackedExperts(b, gate, up, down)
 			weights := DecomposeMoERouting(b, b.Linear(x, router), r)
 			return []*Value{DecomposeMoEExperts(b, x, weights, experts, n.Attrs.Int("expert_offset"))}, b.Err()
 		},

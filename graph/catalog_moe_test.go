@@ -32,8 +32,28 @@ func moeInferCases() []inferCase {
 		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, attrs: Attrs{"top_k": 1, "weight_dtype": i32}, err: "weight_dtype i32 is not a float dtype"},
 		{op: "moe", in: []Type{ty(f32t, "S", 8), ty(f32t, 4, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 3, 8), ty(f32t, 4, 8, 3)}, err: "missing required attribute top_k"},
 
+		{op: "moe_route", in: []Type{ty(bf16, "B", "S", 8), ty(bf16, 4, 8)}, attrs: Attrs{"top_k": 2, "weight_dtype": bf16}, want: []Type{ty(bf16, "B", "S", 2), ty(i32, "B", "S", 2)}},
+		{op: "moe_route", in: []Type{ty(f32t, "S", 8), ty(bf16, 4, 8)}, attrs: Attrs{"top_k": 5}, err: "moe_route: top_k = 5 is not in [1, 4]"},
+		{op: "moe_route", in: []Type{ty(f32t, "S", 6), ty(bf16, 4, 8)}, attrs: Attrs{"top_k": 1}, err: "x [S,6] does not fit a constant router [E,H] = [4,8]"},
+		{op: "moe_dispatch", in: []Type{ty(bf16, "B", "S", 8), ty(i32, "B", "S", 2)}, attrs: Attrs{"num_experts": 4, "group_size": 2, "rank": 1}, want: []Type{ty(bf16, 2, "B", "S", 2, 8), ty(i32, 2, "B", "S", 2)}},
+		{op: "moe_dispatch", in: []Type{ty(bf16, "S", 8), ty(i32, "S", 2)}, attrs: Attrs{"num_experts": 4, "group_size": 3, "rank": 0}, err: "moe_dispatch: 3 ep ranks do not divide 4 experts"},
+		{op: "moe_dispatch", in: []Type{ty(bf16, "S", 8), ty(i32, "S", 2)}, attrs: Attrs{"num_experts": 4, "group_size": 2, "rank": 2}, err: "moe_dispatch: rank 2 is not in [0, 2)"},
+		{op: "moe_dispatch", in: []Type{ty(bf16, "S", 8), ty(i32, "B", 2)}, attrs: Attrs{"num_experts": 4, "group_size": 2, "rank": 0}, err: "needs float x [...,H] and i32 experts [...,k]"},
+		{op: "moe_dispatch", in: []Type{ty(bf16, "S", 8), ty(i32, "S", 5)}, attrs: Attrs{"num_experts": 4, "group_size": 2, "rank": 0}, err: "5 slots per token for 4 experts"},
+		{op: "moe_experts", in: []Type{ty(bf16, 2, "S", 2, 8), ty(i32, 2, "S", 2), ty(bf16, 2, 6, 8), ty(bf16, 2, 6, 8), ty(bf16, 2, 8, 6)}, attrs: Attrs{"expert_offset": 2}, want: []Type{ty(bf16, 2, "S", 2, 8)}},
+		{op: "moe_experts", in: []Type{ty(bf16, "S", 8), ty(i32, "S", 2), ty(bf16, 2, 6, 8), ty(bf16, 2, 6, 8), ty(bf16, 2, 8, 6)}, err: "moe_experts needs float rows [...,H] and i32 ids [...]"},
+		{op: "moe_experts", in: []Type{ty(bf16, "S", 8), ty(i32, "S"), ty(bf16, 2, 6, 8), ty(bf16, 2, 6, 8), ty(bf16, 2, 6, 8)}, err: "moe_experts: down [2,6,8] must be [L,H,I] = [2,8,6]"},
+		{op: "moe_combine", in: []Type{ty(bf16, 2, "B", "S", 2, 8), ty(i32, "B", "S", 2), ty(f32t, "B", "S", 2)}, attrs: Attrs{"num_experts": 4}, want: []Type{ty(bf16, "B", "S", 8)}},
+		{op: "moe_combine", in: []Type{ty(bf16, 2, "S", 3, 8), ty(i32, "S", 2), ty(f32t, "S", 2)}, attrs: Attrs{"num_experts": 4}, err: "moe_combine: rows [2,S,3,8] do not fit experts [S,2]"},
+		{op: "moe_combine", in: []Type{ty(bf16, 3, "S", 2, 8), ty(i32, "S", 2), ty(f32t, "S", 2)}, attrs: Attrs{"num_experts": 4}, err: "moe_combine: 3 ep ranks do not divide 4 experts"},
+		{op: "moe_combine", in: []Type{ty(bf16, 2, "S", 2, 8), ty(i32, "S", 2), ty(f32t, "S", 1)}, attrs: Attrs{"num_experts": 4}, err: "moe_combine: weights [S,1] and experts [S,2] differ"},
+
 		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4}, want: []Type{ty(bf16, 4, 6, 8)}},
 		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4, "slice_dim": 0, "slice_index": 1, "slice_count": 2}, want: []Type{ty(bf16, 2, 6, 8)}},
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4, "slice_dim": 1, "slice_index": 1, "slice_count": 2, "member_part": 1, "member_parts": 2}, want: []Type{ty(bf16, 2, 3, 8)}},
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4, "member_part": 0, "member_parts": 3}, err: `param "e.*.w": member run 0 of 3 does not fit its 4 members`},
+		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4, "slice_dim": 0, "slice_count": 2, "member_parts": 2}, err: "member runs and a slice along dimension 0 both select members"},
+		{op: "param", attrs: Attrs{"key": "w", "dtype": bf16, "shape": Dims(4, 6, 8), "member_parts": 2}, err: `param "w": member_parts 2 on a param that is not stacked`},
 		{op: "param", attrs: Attrs{"key": "e.0.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": 4}, err: "the key needs exactly one *"},
 		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(3, 6, 8), "stack": 4}, err: "does not start with the 4 stacked members"},
 		{op: "param", attrs: Attrs{"key": "e.*.w", "dtype": bf16, "shape": Dims(4, 6, 8), "stack": -1}, err: "stack -1 is negative"},
@@ -74,6 +94,30 @@ func buildMoEFused() (*Graph, error) {
 	}
 	gate, up, down := stack("gate_proj", 4, 6, 8), stack("up_proj", 4, 6, 8), stack("down_proj", 4, 8, 6)
 	b.Output(b.MoE(x, router, gate, up, down, MoERouting{TopK: 2, Renormalize: true, WeightDType: tensor.BF16}, 2))
+	return b.Build()
+}
+
+// buildMoEAllToAll is rank 1 of 2 of a moe op run by all_to_all dispatch and combine over
+// ep, its experts (2 and 3 of 4) also cut by tp (member runs and a slice per member).
+func buildMoEAllToAll() (*Graph, error) {
+	b := NewBuilder("moe_all_to_all")
+	x := b.Input("x", tensor.BF16, Shape{symB, symS, D(8)})
+	b.SetScope("model.layers.0.mlp")
+	router := b.Param("model.layers.0.mlp.gate.weight", tensor.BF16, Dims(4, 8))
+	stack := func(proj string, dim int, shape ...int) *Value {
+		key := "model.layers.0.mlp.experts.*." + proj + ".weight"
+		return b.Named(key, OpParam, Attrs{"key": key, "dtype": tensor.BF16, "shape": Dims(shape...), "stack": 4, "member_part": 1, "member_parts": 2, "slice_dim": dim, "slice_index": 0, "slice_count": 2})
+	}
+	gate, up, down := stack("gate_proj", 1, 4, 6, 8), stack("up_proj", 1, 4, 6, 8), stack("down_proj", 2, 4, 8, 6)
+	w, ex := b.MoERoute(x, router, MoERouting{TopK: 2, Renormalize: true, WeightDType: tensor.BF16})
+	sent := b.Apply("moe_dispatch", Attrs{"num_experts": 4, "group_size": 2, "rank": 1}, x, ex)
+	a2a := func(v *Value) *Value {
+		return b.Op("all_to_all", Attrs{"group": "ep", "group_size": 2, "split_axis": 0, "concat_axis": 0}, v)
+	}
+	y := b.Op("moe_experts", Attrs{"expert_offset": 2}, a2a(sent[0]), a2a(sent[1]), gate, up, down)
+	y = b.Op("all_reduce", Attrs{"group": "tp", "group_size": 2}, y)
+	out := b.Op("moe_combine", Attrs{"num_experts": 4}, a2a(y), ex, w)
+	b.Output(b.Op("all_reduce", Attrs{"group": "ep", "group_size": 2}, out))
 	return b.Build()
 }
 

@@ -86,6 +86,8 @@ func init() {
 			{Name: "slice_index", Type: AttrInt, Default: 0, Doc: "which part this graph reads"},
 			{Name: "slice_count", Type: AttrInt, Default: 1, Doc: "how many parts"},
 			{Name: "stack", Type: AttrInt, Default: 0, Doc: "0: the key names one tensor; N > 0: N tensors stacked along dimension 0, the key holding one * for the member's index"},
+			{Name: "member_part", Type: AttrInt, Default: 0, Doc: "a stacked param's members cut into member_parts equal runs: which run this graph reads (expert parallelism), on top of a slice along another dimension (tensor parallelism within each expert)"},
+			{Name: "member_parts", Type: AttrInt, Default: 1, Doc: "how many runs of members; 1: all of them"},
 		},
 		Infer: func(n *Node) ([]Type, error) {
 			s := n.Attrs.Shape("shape")
@@ -111,6 +113,18 @@ func init() {
 				}
 			}
 			out := s.Clone()
+			if part, parts := n.Attrs.Int("member_part"), n.Attrs.Int("member_parts"); parts > 1 || part != 0 {
+				stack := n.Attrs.Int("stack")
+				switch {
+				case stack <= 0:
+					return nil, fmt.Errorf("param %q: member_parts %d on a param that is not stacked", n.Attrs.String("key"), parts)
+				case parts < 1 || part < 0 || part >= parts || stack%parts != 0:
+					return nil, fmt.Errorf("param %q: member run %d of %d does not fit its %d members", n.Attrs.String("key"), part, parts, stack)
+				case n.Attrs.Int("slice_dim") == 0:
+					return nil, fmt.Errorf("param %q: member runs and a slice along dimension 0 both select members", n.Attrs.String("key"))
+				}
+				out[0] = D(stack / parts)
+			}
 			if dim := n.Attrs.Int("slice_dim"); dim >= 0 {
 				cnt, idx := n.Attrs.Int("slice_count"), n.Attrs.Int("slice_index")
 				if dim >= len(s) || cnt < 1 || idx < 0 || idx >= cnt || s[dim].Size%cnt != 0 {

@@ -38,18 +38,31 @@ func DecomposeMoERouting(b *Builder, logits *Value, r MoERouting) *Value {
 		b.Fail(fmt.Errorf("moe routing: router logits %s need a constant expert axis", s))
 		return b.placeholder()
 	}
-	experts := s[len(s)-1].Size
+	vals, idx := decomposeTopKRouting(b, logits, r)
+	return scatterRouting(b, vals, idx, s[len(s)-1].Size)
+}
+
+// decomposeTopKRouting emits each token's routing weights[...,k] (in r.WeightDType) and
+// experts[...,k] (i32, largest probability first) of router logits[...,E]: softmax over the
+// experts in f32, topk, divided by their sum when r.Renormalize, cast to r.WeightDType.
+func decomposeTopKRouting(b *Builder, logits *Value, r MoERouting) (weights, experts *Value) {
 	probs := b.Softmax(castTo(b, logits, tensor.F32), -1)
 	vals, idx := b.TopK(probs, r.TopK)
 	if r.Renormalize {
 		vals = b.Div(vals, b.Reduce("sum", vals, true, -1))
 	}
-	vals = castTo(b, vals, r.WeightDType)
-	// One-hot scatter: column e of token t holds the weight of the top-k slot that chose e.
+	return castTo(b, vals, r.WeightDType), idx
+}
+
+// scatterRouting emits the dense routing weights [...,E] of weights[...,k] and distinct
+// experts[...,k] (i32): column e of token t holds the weight of the slot that chose e, the
+// other columns exactly 0.
+func scatterRouting(b *Builder, weights, experts *Value, numExperts int) *Value {
+	s := experts.Type.Shape
 	// A token picks distinct experts, so each sum below adds one weight to exact zeros.
-	slot := append(s[:len(s)-1:len(s)-1].Clone(), D(r.TopK), D(1)) // [...,k,1]
-	chosen := b.Compare("eq", b.Reshape(idx, slot...), b.Iota(tensor.I32, Dims(experts), 0))
-	spread := b.Where(chosen, b.Reshape(vals, slot...), b.Scalar(r.WeightDType, 0)) // [...,k,E]
+	slot := append(s.Clone(), D(1)) // [...,k,1]
+	chosen := b.Compare("eq", b.Reshape(experts, slot...), b.Iota(tensor.I32, Dims(numExperts), 0))
+	spread := b.Where(chosen, b.Reshape(weights, slot...), b.Scalar(weights.Type.DType, 0)) // [...,k,E]
 	return b.Reduce("sum", spread, false, -2)
 }
 
@@ -76,8 +89,7 @@ func DecomposeMoEExperts(b *Builder, x, weights *Value, experts []MoEExpert, off
 	var out *Value
 	for j, w := range experts {
 		e := offset + j
-		y := b.Linear(b.Mul(b.Unary("silu", b.Linear(x, w.Gate)), b.Linear(x, w.Up)), w.Down)
-		y = castTo(b, b.Mul(y, b.Slice(weights, -1, e, e+1)), x.Type.DType)
+		y := castTo(b, b.Mul(expertMLP(b, x, w), b.Slice(weights, -1, e, e+1)), x.Type.DType)
 		if out == nil {
 			out = y
 		} else {
@@ -91,6 +103,11 @@ func DecomposeMoEExperts(b *Builder, x, weights *Value, experts []MoEExpert, off
 		return b.placeholder()
 	}
 	return out
+}
+
+// expertMLP emits one expert's SwiGLU on x[...,H]: down(silu(x·gateᵀ) * (x·upᵀ)), [...,H].
+func expertMLP(b *Builder, x *Value, w MoEExpert) *Value {
+	return b.Linear(b.Mul(b.Unary("silu", b.Linear(x, w.Gate)), b.Linear(x, w.Up)), w.Down)
 }
 
 // castTo casts x to dt unless it already has that dtype.

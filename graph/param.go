@@ -22,14 +22,20 @@ import (
 // dimension cuts every member along the same dimension of its own (dimension d-1). The
 // members are read one by one at load time (LoadStack); nothing but the members the slice
 // selects, and only their part, is read.
+//
+// MemberParts > 1 also selects members of a stacked param, run MemberPart of MemberParts
+// equal runs, on top of a slice along another dimension: an expert-parallel rank's experts,
+// each cut by tensor parallelism. The zero values (and MemberParts 1) read every member.
 type ParamRef struct {
-	Key        string
-	DType      tensor.DType
-	Shape      []int
-	SliceDim   int
-	SliceIndex int
-	SliceCount int
-	Stack      int
+	Key         string
+	DType       tensor.DType
+	Shape       []int
+	SliceDim    int
+	SliceIndex  int
+	SliceCount  int
+	Stack       int
+	MemberPart  int
+	MemberParts int
 }
 
 // StackWildcard marks, in the key of a stacked param, where each member's index goes.
@@ -51,7 +57,7 @@ func ParamOf(n *Node) (ParamRef, error) {
 	return ParamRef{
 		Key: n.Attrs.String("key"), DType: n.Attrs.DType("dtype"), Shape: shape,
 		SliceDim: n.Attrs.Int("slice_dim"), SliceIndex: n.Attrs.Int("slice_index"), SliceCount: n.Attrs.Int("slice_count"),
-		Stack: n.Attrs.Int("stack"),
+		Stack: n.Attrs.Int("stack"), MemberPart: n.Attrs.Int("member_part"), MemberParts: n.Attrs.Int("member_parts"),
 	}, nil
 }
 
@@ -69,6 +75,9 @@ func (r ParamRef) LocalShape() []int {
 	s := append([]int(nil), r.Shape...)
 	if dim, _, count, ok := r.sliced(); ok && dim < len(s) && count > 0 {
 		s[dim] /= count
+	}
+	if r.Stack > 0 && r.MemberParts > 1 && len(s) > 0 {
+		s[0] /= r.MemberParts
 	}
 	return s
 }
@@ -126,6 +135,13 @@ func (r ParamRef) Members() (refs []ParamRef, first int, err error) {
 			member.SliceDim, member.SliceIndex, member.SliceCount = dim-1, index, count
 		}
 	}
+	if r.MemberParts > 1 || r.MemberPart != 0 {
+		if r.MemberParts < 1 || r.MemberPart < 0 || r.MemberPart >= r.MemberParts || r.Stack%r.MemberParts != 0 || hi-lo != r.Stack {
+			return nil, 0, fmt.Errorf("stacked param %q: member run %d of %d does not fit its %d members (or a slice along dimension 0 selects them too)", r.Key, r.MemberPart, r.MemberParts, r.Stack)
+		}
+		part := r.Stack / r.MemberParts
+		lo, hi = r.MemberPart*part, (r.MemberPart+1)*part
+	}
 	for i := lo; i < hi; i++ {
 		m := member
 		m.Key, m.Shape = keys[i], slices.Clone(member.Shape)
@@ -161,6 +177,9 @@ func (r ParamRef) String() string {
 	s := fmt.Sprintf("%q %s%v", r.Key, r.DType, r.Shape)
 	if r.Stack > 0 {
 		s += fmt.Sprintf(" stack of %d", r.Stack)
+	}
+	if r.MemberParts > 1 {
+		s += fmt.Sprintf(" members %d/%d", r.MemberPart, r.MemberParts)
 	}
 	if dim, index, count, ok := r.sliced(); ok {
 		s += fmt.Sprintf(" slice %d/%d of dim %d", index, count, dim)

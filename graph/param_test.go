@@ -66,7 +66,21 @@ func TestStackedParamRef(t *testing.T) {
 	if err != nil || first != 0 || len(members) != 4 || members[1].Key != "l.experts.1.w" || members[1].SliceDim != 1 || !slices.Equal(members[1].LocalShape(), []int{2, 2}) {
 		t.Errorf("Members %v %d %v", members, first, err)
 	}
+	// Member run 0 of 2 (an ep rank's experts 0 and 1), each cut along its columns (tp):
+	// members 0 and 1, columns 3..5 of each.
+	r.SliceDim, r.SliceIndex, r.SliceCount, r.MemberPart, r.MemberParts = 2, 1, 2, 0, 2
+	x, err := LoadStack(context.Background(), r, load)
+	if err != nil || !slices.Equal(x.Shape, []int{2, 2, 3}) || x.F32[0] != 3 || x.F32[6] != 103 {
+		t.Errorf("member run 0/2, slice 1/2 of dim 2: %v %v", x, err)
+	}
+	r.MemberPart = 1 // members 2 and 3: 3 is missing, and named
+	if _, err := LoadStack(context.Background(), r, load); err == nil || !strings.Contains(err.Error(), `member 3 of 4: tensor "l.experts.3.w" not found`) {
+		t.Errorf("member run 1/2: error %v, want member 3 named", err)
+	}
 	for _, bad := range []ParamRef{
+		{Key: "a.*", Shape: []int{4, 2}, Stack: 4, SliceDim: -1, MemberPart: 0, MemberParts: 3},
+		{Key: "a.*", Shape: []int{4, 2}, Stack: 4, SliceDim: -1, MemberPart: 2, MemberParts: 2},
+		{Key: "a.*", Shape: []int{4, 2}, Stack: 4, SliceDim: 0, SliceIndex: 0, SliceCount: 2, MemberPart: 0, MemberParts: 2},
 		{Key: "w", Shape: []int{4, 2}, Stack: 4},
 		{Key: "a.*.*", Shape: []int{4, 2}, Stack: 4},
 		{Key: "a.*", Shape: []int{3, 2}, Stack: 4},

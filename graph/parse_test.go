@@ -27,9 +27,11 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"quoted_names": buildQuotedNames,
 		"fused":        buildFused,
 		"collective":   buildCollective,
+		"cp":           buildCP,
 		"packed":       buildPacked,
 		"moe":          buildMoE,
 		"moe_fused":    buildMoEFused,
+		"moe_a2a":      buildMoEAllToAll,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {

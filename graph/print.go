@@ -76,7 +76,7 @@ func (n *Node) String() string {
 		sb.WriteString(" ")
 		sb.WriteString(strconv.Quote(n.Attrs.String("key")))
 		skip["key"], skip["dtype"] = true, true
-		skip["shape"] = n.Attrs.Int("slice_dim") < 0
+		skip["shape"] = n.Attrs.Int("slice_dim") < 0 && n.Attrs.Int("member_parts") <= 1
 	} else {
 		sb.WriteString("(")
 		for i, in := range n.Inputs {

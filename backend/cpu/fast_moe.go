@@ -94,18 +94,8 @@ func fastMoE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, e
 		for i, t := range tokens[l] {
 			copy((*xe)[i*H:(i+1)*H], xs[int(t)*H:(int(t)+1)*H])
 		}
-		g, u := getF32(m*I), getF32(m*I)
-		gemmRows(*g, *xe, expertView(gate, l), m, I, H)
-		gemmRows(*u, *xe, expertView(up, l), m, I, H)
+		y := expertOut(*xe, m, gate, up, down, l, act)
 		putF32(xe)
-		roundAll(act, *g)
-		roundAll(act, *u)
-		swigluRow(*g, *g, *u, act) // h = silu(g)*u, over g
-		roundAll(act, *g)
-		putF32(u)
-		y := getF32(m * H)
-		gemmRows(*y, *g, expertView(down, l), m, H, I)
-		putF32(g)
 		for i, t := range tokens[l] {
 			w := tokenW[l][i]
 			yr, rr := (*y)[i*H:(i+1)*H], res[int(t)*H:(int(t)+1)*H]
@@ -123,6 +113,26 @@ func fastMoE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, e
 		putF32(y)
 	}
 	return []*tensor.Tensor{fromF32(res, o)}, nil
+}
+
+// expertOut runs local expert l of the stacked weights gate and up [L,I,H], down [L,H,I] on
+// the m rows xe[m*H] through the dense linear kernel, rounding as the decomposition's nodes
+// round (each projection and silu(g)*u to act), and returns its outputs y[m*H] in a pooled
+// buffer, not yet rounded to act.
+func expertOut(xe []float32, m int, gate, up, down *tensor.Tensor, l int, act tensor.DType) *[]float32 {
+	I, H := gate.Shape[1], gate.Shape[2]
+	g, u := getF32(m*I), getF32(m*I)
+	gemmRows(*g, xe, expertView(gate, l), m, I, H)
+	gemmRows(*u, xe, expertView(up, l), m, I, H)
+	roundAll(act, *g)
+	roundAll(act, *u)
+	swigluRow(*g, *g, *u, act) // h = silu(g)*u, over g
+	roundAll(act, *g)
+	putF32(u)
+	y := getF32(m * H)
+	gemmRows(*y, *g, expertView(down, l), m, H, I)
+	putF32(g)
+	return y
 }
 
 // moeRoute computes every token's top-k experts (largest weight first) and their weights,
