@@ -16,7 +16,7 @@ import (
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	var req chatRequest
-	if err := decodeBody(w, r, s.cfg.MaxBodyBytes, &req); err != nil {
+	if err := s.decodeBody(w, r, &req); err != nil {
 		return err
 	}
 	g := &genRequest{}
@@ -55,74 +55,85 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	}
 
 	id := newID("chatcmpl-")
-	gen, err := s.begin(r.Context(), id, start, g)
+	gens, err := s.begin(r.Context(), id, start, g)
 	if err != nil {
 		return err
 	}
 	created := time.Now().Unix()
-	lps := &logprobWriter{s: s}
-	logprobsOf := func(p piece) *chatLogprobs {
+	lps := make([]*logprobWriter, len(gens))
+	for i := range lps {
+		lps[i] = &logprobWriter{s: s}
+	}
+	logprobsOf := func(i int, p piece) *chatLogprobs {
 		if !g.sampling.Logprobs {
 			return nil
 		}
-		return lps.chat(p)
+		return lps[i].chat(p)
 	}
 
 	if !g.stream {
-		var sb strings.Builder
-		var all *chatLogprobs
-		res, err := gen.run(func(p piece) error {
-			sb.WriteString(p.text)
-			if lp := logprobsOf(p); lp != nil {
-				if all == nil {
-					all = &chatLogprobs{Content: []chatTokenLogprob{}}
+		texts := make([]strings.Builder, len(gens))
+		all := make([]*chatLogprobs, len(gens))
+		results, err := runAll(gens, func(i int, p piece) error {
+			texts[i].WriteString(p.text)
+			if lp := logprobsOf(i, p); lp != nil {
+				if all[i] == nil {
+					all[i] = &chatLogprobs{Content: []chatTokenLogprob{}}
 				}
-				all.Content = append(all.Content, lp.Content...)
+				all[i].Content = append(all[i].Content, lp.Content...)
 			}
 			return nil
-		})
+		}, nil)
 		if err != nil {
 			return err
 		}
-		if g.sampling.Logprobs && all == nil {
-			all = &chatLogprobs{Content: []chatTokenLogprob{}}
+		out := chatCompletion{ID: id, Object: "chat.completion", Created: created, Model: s.cfg.Model, Usage: usageOf(results)}
+		for i, res := range results {
+			if g.sampling.Logprobs && all[i] == nil {
+				all[i] = &chatLogprobs{Content: []chatTokenLogprob{}}
+			}
+			text := texts[i].String()
+			out.Choices = append(out.Choices, chatChoice{Index: i, Message: &chatMessage{Role: "assistant", Content: &text}, Logprobs: all[i], FinishReason: &res.finish})
 		}
-		text := sb.String()
-		writeJSON(w, http.StatusOK, chatCompletion{ID: id, Object: "chat.completion", Created: created, Model: s.cfg.Model,
-			Choices: []chatChoice{{Message: &chatMessage{Role: "assistant", Content: &text}, Logprobs: all, FinishReason: &res.finish}},
-			Usage:   res.usage()})
+		writeJSON(w, http.StatusOK, out)
 		return nil
 	}
 
-	chunk := func(delta *chatMessage, lp *chatLogprobs, finish *string) chatCompletion {
+	chunk := func(i int, delta *chatMessage, lp *chatLogprobs, finish *string) chatCompletion {
 		return chatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model,
-			Choices: []chatChoice{{Delta: delta, Logprobs: lp, FinishReason: finish}}}
+			Choices: []chatChoice{{Index: i, Delta: delta, Logprobs: lp, FinishReason: finish}}}
+	}
+	abort := func() {
+		for _, gen := range gens {
+			gen.abort()
+		}
 	}
 	sse, err := startSSE(w)
 	if err != nil {
-		gen.abort()
+		abort()
 		return err
 	}
 	empty := ""
-	if err := sse.send(chunk(&chatMessage{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
-		gen.abort()
-		return err
+	for i := range gens {
+		if err := sse.send(chunk(i, &chatMessage{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+			abort()
+			return err
+		}
 	}
-	res, err := gen.run(func(p piece) error {
-		text := p.text
-		return sse.send(chunk(&chatMessage{Content: &text}, logprobsOf(p), nil))
-	})
+	results, err := runAll(gens,
+		func(i int, p piece) error {
+			text := p.text
+			return sse.send(chunk(i, &chatMessage{Content: &text}, logprobsOf(i, p), nil))
+		},
+		func(i int, res result) error { return sse.send(chunk(i, &chatMessage{}, nil, &res.finish)) })
 	if err != nil {
 		if !errors.Is(err, errClientGone) {
 			sse.fail(err)
 		}
 		return err
 	}
-	if err := sse.send(chunk(&chatMessage{}, nil, &res.finish)); err != nil {
-		return err
-	}
 	if g.includeUsage {
-		last := chatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model, Choices: []chatChoice{}, Usage: res.usage()}
+		last := chatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model, Choices: []chatChoice{}, Usage: usageOf(results)}
 		if err := sse.send(last); err != nil {
 			return err
 		}
@@ -137,30 +148,59 @@ func present(raw json.RawMessage) bool {
 }
 
 // chatPrompt renders the request's messages with the chat template and encodes the text
-// without adding special tokens again (the template writes them), as transformers does.
+// without adding special tokens again (the template writes them), as transformers does. A
+// conversation that cannot fit the context is refused before it is tokenized in full.
 func (s *Server) chatPrompt(req *chatRequest) ([]int, error) {
-	msgs, err := parseMessages(req.Messages)
+	text, err := s.renderChat(req.Messages, req.AddGenerationPrompt, req.ChatTemplateKwargs)
 	if err != nil {
 		return nil, err
 	}
-	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	text, err := s.cfg.ChatTemplate.RenderWith(msgs, chattemplate.Options{AddGenerationPrompt: addGen, Vars: req.ChatTemplateKwargs})
+	ids, over, err := encodeWithin(s.cfg.Tokenizer.Encode, text, false, s.cfg.ContextLength)
+	if err != nil {
+		return nil, badParam("messages", "cannot tokenize the rendered conversation: %v", err)
+	}
+	if over {
+		return nil, s.tooManyTokens("messages", len(ids), true)
+	}
+	return ids, nil
+}
+
+// renderChat renders messages with the chat template (an assistant turn opened unless
+// addGenerationPrompt is false). Text longer than the context can hold is refused, before
+// rendering and after.
+func (s *Server) renderChat(raw []map[string]json.RawMessage, addGenerationPrompt *bool, kwargs map[string]any) (string, error) {
+	if s.cfg.ChatTemplate == nil {
+		return "", badParam("messages", "the model %q has no chat template; use /v1/completions", s.cfg.Model)
+	}
+	msgs, err := parseMessages(raw)
+	if err != nil {
+		return "", err
+	}
+	// The messages' text is refused by its length before the template copies it.
+	total := 0
+	for _, m := range msgs {
+		total += len(m.Content)
+	}
+	if total > s.maxPromptBytes() {
+		return "", s.textTooLong("messages", total, false)
+	}
+	addGen := addGenerationPrompt == nil || *addGenerationPrompt
+	text, err := s.cfg.ChatTemplate.RenderWith(msgs, chattemplate.Options{AddGenerationPrompt: addGen, Vars: kwargs})
 	if err != nil {
 		var raise *chattemplate.RaiseError
 		var reserved *chattemplate.ReservedVarError
 		if errors.As(err, &reserved) {
-			return nil, badParam("chat_template_kwargs", "chat_template_kwargs may not set %q: the server sets it", reserved.Name)
+			return "", badParam("chat_template_kwargs", "chat_template_kwargs may not set %q: the server sets it", reserved.Name)
 		}
 		if errors.As(err, &raise) {
-			return nil, badParam("messages", "%s", raise.Message)
+			return "", badParam("messages", "%s", raise.Message)
 		}
-		return nil, badParam("messages", "cannot render the chat template: %v", err)
+		return "", badParam("messages", "cannot render the chat template: %v", err)
 	}
-	ids, err := s.cfg.Tokenizer.Encode(text, false)
-	if err != nil {
-		return nil, badParam("messages", "cannot tokenize the rendered conversation: %v", err)
+	if len(text) > s.maxPromptBytes() {
+		return "", s.textTooLong("messages", len(text), false)
 	}
-	return ids, nil
+	return text, nil
 }
 
 // parseMessages reads OpenAI chat messages. Content may be a string, null, or a list of

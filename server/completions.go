@@ -11,7 +11,7 @@ import (
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	var req completionRequest
-	if err := decodeBody(w, r, s.cfg.MaxBodyBytes, &req); err != nil {
+	if err := s.decodeBody(w, r, &req); err != nil {
 		return err
 	}
 	g := &genRequest{}
@@ -21,8 +21,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if req.Suffix != nil && *req.Suffix != "" {
 		return badParam("suffix", "suffix is not supported")
 	}
-	if req.BestOf != nil && *req.BestOf != 1 {
-		return badParam("best_of", "only best_of=1 is supported, got %d", *req.BestOf)
+	if req.BestOf != nil && *req.BestOf != g.n {
+		return badParam("best_of", "only best_of equal to n (%d) is supported, got %d", g.n, *req.BestOf)
 	}
 	if req.Logprobs != nil {
 		if n := *req.Logprobs; n < 0 || n > 5 {
@@ -51,79 +51,87 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	}
 
 	id := newID("cmpl-")
-	gen, err := s.begin(r.Context(), id, start, g)
+	gens, err := s.begin(r.Context(), id, start, g)
 	if err != nil {
 		return err
 	}
 	created := time.Now().Unix()
-	chunk := func(text string, lp *completionLogprobs, finish *string) completion {
+	chunk := func(i int, text string, lp *completionLogprobs, finish *string) completion {
 		return completion{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model,
-			Choices: []completionChoice{{Text: text, Logprobs: lp, FinishReason: finish}}}
+			Choices: []completionChoice{{Index: i, Text: text, Logprobs: lp, FinishReason: finish}}}
 	}
-	lps := &logprobWriter{s: s, offset: len(echo)}
-	logprobsOf := func(p piece) *completionLogprobs {
+	lps := make([]*logprobWriter, len(gens))
+	for i := range lps {
+		lps[i] = &logprobWriter{s: s, offset: len(echo)}
+	}
+	logprobsOf := func(i int, p piece) *completionLogprobs {
 		if !g.sampling.Logprobs {
 			return nil
 		}
-		return lps.completion(p)
+		return lps[i].completion(p)
 	}
 
 	if !g.stream {
-		var sb strings.Builder
-		sb.WriteString(echo)
-		var all *completionLogprobs
-		res, err := gen.run(func(p piece) error {
-			sb.WriteString(p.text)
-			if lp := logprobsOf(p); lp != nil {
-				all = all.join(lp)
+		texts := make([]strings.Builder, len(gens))
+		all := make([]*completionLogprobs, len(gens))
+		for i := range texts {
+			texts[i].WriteString(echo)
+		}
+		results, err := runAll(gens, func(i int, p piece) error {
+			texts[i].WriteString(p.text)
+			if lp := logprobsOf(i, p); lp != nil {
+				all[i] = all[i].join(lp)
 			}
 			return nil
-		})
+		}, nil)
 		if err != nil {
 			return err
 		}
-		if g.sampling.Logprobs && all == nil {
-			all = &completionLogprobs{}
+		out := completion{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, Usage: usageOf(results)}
+		for i, res := range results {
+			if g.sampling.Logprobs && all[i] == nil {
+				all[i] = &completionLogprobs{}
+			}
+			out.Choices = append(out.Choices, completionChoice{Index: i, Text: texts[i].String(), Logprobs: all[i], FinishReason: &res.finish})
 		}
-		out := chunk(sb.String(), all, &res.finish)
-		out.Usage = res.usage()
 		writeJSON(w, http.StatusOK, out)
 		return nil
 	}
 
+	abort := func() {
+		for _, gen := range gens {
+			gen.abort()
+		}
+	}
 	sse, err := startSSE(w)
 	if err != nil {
-		gen.abort()
+		abort()
 		return err
 	}
 	if echo != "" {
-		if err := sse.send(chunk(echo, nil, nil)); err != nil {
-			gen.abort()
-			return err
+		for i := range gens {
+			if err := sse.send(chunk(i, echo, nil, nil)); err != nil {
+				abort()
+				return err
+			}
 		}
 	}
-	res, err := gen.run(func(p piece) error { return sse.send(chunk(p.text, logprobsOf(p), nil)) })
+	results, err := runAll(gens,
+		func(i int, p piece) error { return sse.send(chunk(i, p.text, logprobsOf(i, p), nil)) },
+		func(i int, res result) error { return sse.send(chunk(i, "", nil, &res.finish)) })
 	if err != nil {
 		if !errors.Is(err, errClientGone) {
 			sse.fail(err)
 		}
 		return err
 	}
-	if err := sse.send(chunk("", nil, &res.finish)); err != nil {
-		return err
-	}
 	if g.includeUsage {
-		last := completion{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, Choices: []completionChoice{}, Usage: res.usage()}
+		last := completion{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, Choices: []completionChoice{}, Usage: usageOf(results)}
 		if err := sse.send(last); err != nil {
 			return err
 		}
 	}
 	return sse.done()
-}
-
-// usage returns the token counts of a result.
-func (r result) usage() *usage {
-	return &usage{PromptTokens: r.promptTokens, CompletionTokens: r.completionTokens, TotalTokens: r.promptTokens + r.completionTokens}
 }
 
 // join appends b's entries to a (either may be nil).

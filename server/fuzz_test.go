@@ -108,21 +108,31 @@ func checkAnswer(t *testing.T, body []byte, rec *httptest.ResponseRecorder, obje
 			} `json:"choices"`
 			Usage *usage `json:"usage"`
 		}
-		if !strings.HasPrefix(ctype, "application/json") || json.Unmarshal(out, &c) != nil || c.Object != object ||
-			len(c.Choices) != 1 || c.Choices[0].FinishReason == nil || c.Usage == nil {
-			t.Fatalf("body %q: 200 answer %q (%s) is not a %s", body, out, ctype, object)
-		}
-		if fr := *c.Choices[0].FinishReason; fr != "stop" && fr != "length" {
-			t.Fatalf("body %q: finish_reason %q", body, fr)
-		}
-		u := c.Usage
-		if u.PromptTokens <= 0 || u.CompletionTokens < 0 || u.TotalTokens != u.PromptTokens+u.CompletionTokens || u.TotalTokens > 128 {
-			t.Fatalf("body %q: usage %+v (context 128)", body, *u)
-		}
+		// n choices (1 unless the body says otherwise), each within the context and
+		// max_tokens; usage counts the prompt once.
 		var req struct {
 			MaxTokens *int `json:"max_tokens"`
+			N         *int `json:"n"`
 		}
-		if json.Unmarshal(body, &req) == nil && req.MaxTokens != nil && u.CompletionTokens > *req.MaxTokens {
+		n := 1
+		if json.Unmarshal(body, &req) == nil && req.N != nil {
+			n = *req.N
+		}
+		if !strings.HasPrefix(ctype, "application/json") || json.Unmarshal(out, &c) != nil || c.Object != object ||
+			len(c.Choices) != n || c.Usage == nil {
+			t.Fatalf("body %q: 200 answer %q (%s) is not a %s with %d choices", body, out, ctype, object, n)
+		}
+		for _, ch := range c.Choices {
+			if ch.FinishReason == nil || *ch.FinishReason != "stop" && *ch.FinishReason != "length" {
+				t.Fatalf("body %q: finish_reason %v", body, ch.FinishReason)
+			}
+		}
+		u := c.Usage
+		if u.PromptTokens <= 0 || u.CompletionTokens < 0 || u.TotalTokens != u.PromptTokens+u.CompletionTokens ||
+			u.PromptTokens+u.CompletionTokens/n > 128 {
+			t.Fatalf("body %q: usage %+v (context 128, %d choices)", body, *u, n)
+		}
+		if req.MaxTokens != nil && u.CompletionTokens > n**req.MaxTokens {
 			t.Fatalf("body %q: %d tokens generated, max_tokens %d", body, u.CompletionTokens, *req.MaxTokens)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/loom-ml/loom/engine"
@@ -48,33 +49,139 @@ func overloaded(format string, args ...any) *APIError {
 	return &APIError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Message: fmt.Sprintf(format, args...)}
 }
 
-// begin submits g to the engine, which admits it or refuses it (engine.Options.QueueOnFull,
-// MaxConcurrent, MaxQueue: the one admission layer). The caller must call finish on the
-// result.
-func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRequest) (*generation, error) {
+// errShutdown ends a generation that a forced shutdown cut short.
+var errShutdown = &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "server_shutdown",
+	Message: "the server shut down before the request finished"}
+
+// begin submits g to the engine g.n times, once per choice, which admits them or refuses
+// them (engine.Options.QueueOnFull, MaxConcurrent, MaxQueue: the one admission layer). The
+// engine has no sharing of KV cache blocks between sequences, so the n choices of a request
+// are n requests, each computing the prompt; a request with a seed gives choice i the seed
+// plus i, so that the choices differ. When one is refused, those admitted are cancelled.
+// The caller must run or abort every generation returned.
+func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRequest) ([]*generation, error) {
+	gens := make([]*generation, 0, g.n)
+	for i := range max(g.n, 1) {
+		sampling := g.sampling
+		if sampling.HasSeed {
+			sampling.Seed += int64(i)
+		}
+		gen, err := s.beginOne(ctx, fmt.Sprintf("%s-%d", id, i), start, g, sampling)
+		if err != nil {
+			for _, gen := range gens {
+				gen.abort()
+			}
+			return nil, err
+		}
+		gens = append(gens, gen)
+	}
+	return gens, nil
+}
+
+// beginOne submits one choice of g with its sampling parameters.
+func (s *Server) beginOne(ctx context.Context, id string, start time.Time, g *genRequest, sampling sample.Params) (*generation, error) {
 	if s.closing.Load() {
 		return nil, &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"}
 	}
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
-	st, err := s.eng.Submit(ctx, engine.Request{
+	// A forced shutdown cancels the generation (and run says so: errShutdown).
+	stopForce := context.AfterFunc(s.forced, cancel)
+	cancelAll := func() { stopForce(); cancel() }
+	st, err := s.engine().Submit(ctx, engine.Request{
 		ID:           id,
 		Prompt:       g.prompt,
 		MaxTokens:    g.maxTokens,
-		Sampling:     g.sampling,
+		Sampling:     sampling,
 		StopTokenIDs: g.stopTokenIDs,
 		IgnoreEOS:    g.ignoreEOS,
 	})
 	if err != nil {
-		cancel()
+		cancelAll()
 		if parent.Err() != nil {
 			return nil, errClientGone
+		}
+		if s.forced.Err() != nil {
+			return nil, errShutdown
 		}
 		return nil, submitError(err)
 	}
 	s.metrics.inFlight.Inc()
 	s.metrics.promptTokens.Add(float64(len(g.prompt)))
-	return &generation{s: s, g: g, start: start, stream: st, cancel: cancel, ctx: ctx}, nil
+	return &generation{s: s, g: g, start: start, stream: st, cancel: cancelAll, ctx: ctx}, nil
+}
+
+// gone is the error of a generation whose context ended: errShutdown when a forced
+// shutdown ended it, else errClientGone.
+func (gen *generation) gone() error {
+	if gen.s.forced.Err() != nil {
+		return errShutdown
+	}
+	return errClientGone
+}
+
+// runAll reads the generations of a request's choices, each in its own goroutine when
+// there are several. emit gets each choice's pieces and end (when not nil) its result, both
+// under one lock, so that the writes of a stream do not interleave. The first failure
+// cancels the other choices; the error returned is the first that is not errClientGone,
+// when there is one.
+func runAll(gens []*generation, emit func(i int, p piece) error, end func(i int, r result) error) ([]result, error) {
+	if len(gens) == 1 {
+		r, err := gens[0].run(func(p piece) error { return emit(0, p) })
+		if err == nil && end != nil {
+			err = end(0, r)
+		}
+		return []result{r}, err
+	}
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		results = make([]result, len(gens))
+		errs    = make([]error, len(gens))
+	)
+	for i, gen := range gens {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := gen.run(func(p piece) error {
+				mu.Lock()
+				defer mu.Unlock()
+				return emit(i, p)
+			})
+			if err == nil && end != nil {
+				mu.Lock()
+				err = end(i, r)
+				mu.Unlock()
+			}
+			results[i], errs[i] = r, err
+			if err != nil {
+				for _, other := range gens {
+					other.cancel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var first error
+	for _, err := range errs {
+		if err != nil && (first == nil || errors.Is(first, errClientGone) && !errors.Is(err, errClientGone)) {
+			first = err
+		}
+	}
+	return results, first
+}
+
+// usageOf sums up the choices of a request: the prompt counts once, as OpenAI counts it.
+func usageOf(results []result) *usage {
+	u := &usage{}
+	if len(results) > 0 {
+		u.PromptTokens = results[0].promptTokens
+	}
+	for _, r := range results {
+		u.CompletionTokens += r.completionTokens
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
 }
 
 // run reads the engine's events, detokenizes them incrementally, cuts the text at the first
@@ -87,7 +194,7 @@ func (gen *generation) run(emit func(piece) error) (res result, err error) {
 		s.metrics.inFlight.Dec()
 		reason := res.finish
 		switch {
-		case errors.Is(err, errClientGone):
+		case errors.Is(err, errClientGone), errors.Is(err, errShutdown):
 			reason = string(engine.FinishCancelled)
 		case err != nil:
 			reason = string(engine.FinishError)
@@ -128,13 +235,13 @@ func (gen *generation) run(emit func(piece) error) (res result, err error) {
 		ev, err := gen.stream.Recv(gen.ctx)
 		if err != nil {
 			if gen.ctx.Err() != nil {
-				return res, errClientGone
+				return res, gen.gone()
 			}
 			return res, fmt.Errorf("receive: %w", err)
 		}
 		switch ev.Finish {
 		case engine.FinishCancelled:
-			return res, errClientGone
+			return res, gen.gone()
 		case engine.FinishError:
 			if ev.Err == nil {
 				ev.Err = errors.New("engine failed")

@@ -295,7 +295,7 @@ func TestEchoAndTokenPrompts(t *testing.T) {
 
 func TestErrorObjectShape(t *testing.T) {
 	env := newEnv(t, "tiny-llama", nil)
-	resp, err := http.Post(env.base+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "hi", "n": 2}`))
+	resp, err := http.Post(env.base+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "hi", "n": 0}`))
 	if err != nil {
 		t.Fatal(err)
 	}

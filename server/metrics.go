@@ -22,7 +22,7 @@ type metrics struct {
 // latencyBuckets cover 1 ms to about a minute.
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80}
 
-func newMetrics(reg prometheus.Registerer, eng Engine) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, eng func() Engine) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loom_requests_total", Help: "HTTP requests to the API, by endpoint and status code.",
@@ -58,9 +58,10 @@ func newMetrics(reg prometheus.Registerer, eng Engine) (*metrics, error) {
 	return m, nil
 }
 
-// engineCollector reports the engine's Stats, read once per scrape.
+// engineCollector reports the engine's Stats, read once per scrape; nothing while the
+// model loads (eng returns nil).
 type engineCollector struct {
-	eng Engine
+	eng func() Engine
 }
 
 var (
@@ -89,7 +90,11 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.eng.Stats()
+	eng := c.eng()
+	if eng == nil {
+		return
+	}
+	st := eng.Stats()
 	use := 0.0
 	if st.KVBlocks > 0 {
 		use = float64(st.KVBlocksUsed) / float64(st.KVBlocks)

@@ -38,7 +38,7 @@ type streamOptions struct {
 // completionRequest is the body of POST /v1/completions.
 type completionRequest struct {
 	samplingRequest
-	Prompt json.RawMessage `json:"prompt"`
+	Prompt rawJSON `json:"prompt"`
 	Echo   bool            `json:"echo"`
 	// Logprobs asks for the log-probabilities of the chosen tokens and this many alternatives.
 	Logprobs *int    `json:"logprobs"`

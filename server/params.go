@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -15,6 +14,9 @@ import (
 
 // maxStops is the most stop strings a request may give, as in the OpenAI API.
 const maxStops = 4
+
+// maxN is the most choices (n) a request may ask for, as in the OpenAI API.
+const maxN = 128
 
 // genRequest is a validated request in tokens, the part both endpoints share.
 type genRequest struct {
@@ -28,33 +30,36 @@ type genRequest struct {
 	skipSpecial  bool
 	stream       bool
 	includeUsage bool
+	n            int // choices to generate, each from the same prompt
 }
 
-// decodeBody reads a JSON request body into v. Errors name the parameter at fault where
-// there is one.
-func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
-		return jsonError(err)
+// decodeBody reads a JSON request body into v (see readBody). Errors name the parameter at
+// fault where there is one.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	data, err := s.readBody(w, r)
+	if err != nil {
+		return err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return badParam("", "malformed JSON: unexpected data after the request object")
+	if err := json.Unmarshal(data, v); err != nil {
+		var syntax *json.SyntaxError
+		if errors.As(err, &syntax) && strings.Contains(syntax.Error(), "after top-level value") {
+			return badParam("", "malformed JSON: unexpected data after the request object")
+		}
+		if len(bytes.TrimSpace(data)) == 0 {
+			return jsonError(io.EOF)
+		}
+		return jsonError(err)
 	}
 	return nil
 }
 
-// jsonError turns a decoding error into a 400 (or 413) API error.
+// jsonError turns a decoding error into a 400 API error.
 func jsonError(err error) error {
 	var (
-		syntax   *json.SyntaxError
-		typ      *json.UnmarshalTypeError
-		tooLarge *http.MaxBytesError
+		syntax *json.SyntaxError
+		typ    *json.UnmarshalTypeError
 	)
 	switch {
-	case errors.As(err, &tooLarge):
-		return &APIError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
-			Message: fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)}
 	case errors.Is(err, io.EOF):
 		return badParam("", "request body is empty; expected a JSON object")
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -107,8 +112,12 @@ func (s *Server) sampling(sr *samplingRequest, g *genRequest) error {
 	if err := s.checkModel(sr.Model); err != nil {
 		return err
 	}
-	if sr.N != nil && *sr.N != 1 {
-		return badParam("n", "only n=1 is supported, got %d", *sr.N)
+	g.n = 1
+	if sr.N != nil {
+		if *sr.N < 1 || *sr.N > maxN {
+			return badParam("n", "n must be between 1 and %d, got %d", maxN, *sr.N)
+		}
+		g.n = *sr.N
 	}
 	if len(sr.LogitBias) > 0 {
 		return badParam("logit_bias", "logit_bias is not supported")
@@ -251,57 +260,10 @@ func (s *Server) fitContext(g *genRequest, promptParam string, def int) error {
 	}
 	// Without an explicit max_tokens, also stay within what the whole KV cache can hold
 	// (the keys and values of all but the last token), rather than refuse the request.
-	if st := s.eng.Stats(); st.KVBlocks > 0 && st.BlockSize > 0 {
+	if st := s.engine().Stats(); st.KVBlocks > 0 && st.BlockSize > 0 {
 		if room := st.KVBlocks*st.BlockSize - n + 1; room >= 1 && room < g.maxTokens {
 			g.maxTokens = room
 		}
 	}
 	return nil
-}
-
-// parsePrompt reads a completion prompt: a string, a list of one string, a list of token
-// ids or a list of one list of token ids. Text is encoded with the tokenizer's special
-// tokens (such as BOS). It returns the ids and the prompt's text when it was given as text.
-func (s *Server) parsePrompt(raw json.RawMessage) (ids []int, text string, isText bool, err error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return nil, "", false, badParam("prompt", "prompt is required")
-	}
-	var (
-		str    string
-		strs   []string
-		tokens []int
-		batch  [][]int
-	)
-	switch {
-	case json.Unmarshal(raw, &str) == nil:
-	case json.Unmarshal(raw, &strs) == nil && len(strs) > 0:
-		if len(strs) > 1 {
-			return nil, "", false, badParam("prompt", "a list of %d prompts is not supported; send one prompt per request", len(strs))
-		}
-		str = strs[0]
-	case json.Unmarshal(raw, &tokens) == nil:
-		return s.checkIDs(tokens)
-	case json.Unmarshal(raw, &batch) == nil:
-		if len(batch) != 1 {
-			return nil, "", false, badParam("prompt", "a list of %d token lists is not supported; send one prompt per request", len(batch))
-		}
-		return s.checkIDs(batch[0])
-	default:
-		return nil, "", false, badParam("prompt", "prompt must be a string, a list of one string, a list of token ids or a list of one list of token ids")
-	}
-	ids, err = s.cfg.Tokenizer.Encode(str, true)
-	if err != nil {
-		return nil, "", false, badParam("prompt", "cannot tokenize the prompt: %v", err)
-	}
-	return ids, str, true, nil
-}
-
-func (s *Server) checkIDs(ids []int) ([]int, string, bool, error) {
-	for _, id := range ids {
-		if id < 0 || id >= s.vocab {
-			return nil, "", false, badParam("prompt", "token id %d is outside the vocabulary (size %d)", id, s.vocab)
-		}
-	}
-	return ids, "", false, nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 )
@@ -51,8 +52,13 @@ func (s *sseWriter) raw(data []byte) error {
 	return nil
 }
 
-// fail ends a stream whose generation failed after it started: an error event, then [DONE].
+// fail ends a stream whose generation failed after it started: an error event (err's own
+// when it is an *APIError, such as errShutdown), then [DONE].
 func (s *sseWriter) fail(err error) {
-	_ = s.send(errorBody{&APIError{Status: http.StatusInternalServerError, Type: typeServer, Message: err.Error()}})
+	var apiErr *APIError
+	if !errors.As(err, &apiErr) {
+		apiErr = &APIError{Status: http.StatusInternalServerError, Type: typeServer, Message: err.Error()}
+	}
+	_ = s.send(errorBody{apiErr})
 	_ = s.done()
 }
