@@ -39,7 +39,7 @@ type streamOptions struct {
 type completionRequest struct {
 	samplingRequest
 	Prompt rawJSON `json:"prompt"`
-	Echo   bool            `json:"echo"`
+	Echo   bool    `json:"echo"`
 	// Logprobs asks for the log-probabilities of the chosen tokens and this many alternatives.
 	Logprobs *int    `json:"logprobs"`
 	Suffix   *string `json:"suffix"`
