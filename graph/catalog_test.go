@@ -308,6 +308,7 @@ func inferCases() []inferCase {
 	}
 	cases = append(cases, packedInferCases()...)
 	cases = append(cases, moeInferCases()...)
+	cases = append(cases, cpInferCases()...)
 	return cases
 }
 

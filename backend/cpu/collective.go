@@ -138,6 +138,8 @@ func describe(n *graph.Node) dist.Collective {
 	switch n.Op {
 	case "all_reduce_add_rmsnorm", "linear_all_reduce":
 		c.Op, c.Reduce = "all_reduce", "sum"
+	case "ring_shift": // an all_gather along a new leading axis (ringShift)
+		c.Op, c.Axis = "all_gather", 0
 	}
 	return c
 }
@@ -173,6 +175,10 @@ func (b *binder) kernel(n *graph.Node, lookup func(string) (Kernel, bool)) (ctxK
 				return nil, err
 			}
 			return addNorm(n, []*tensor.Tensor{r[0], in[1], in[2]}, out)
+		}, nil
+	case "ring_shift":
+		return func(ctx context.Context, in []*tensor.Tensor, _ []Out) ([]*tensor.Tensor, error) {
+			return ringShift(ctx, bound, comm, in[0])
 		}, nil
 	case "linear_all_reduce":
 		lin, ok := lookup("linear")

@@ -1,0 +1,121 @@
+package graph
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Ops of context parallelism: attention over blocks of keys held by other ranks, the merge
+// of partial attention results by their log-sum-exp, and the ring exchange of blocks.
+//
+// Ring attention computes, on each rank of a cp group, attention_partial of its queries
+// against one block of keys and values at a time (its own, then each block received by
+// ring_shift), and attention_merge folds each partial result into the running one. The
+// all-to-all strategy exchanges q, k and v into head groups and runs one attention_partial
+// over every sequence block at once.
+
+func init() {
+	Register(&OpSpec{
+		Name: "attention_partial",
+		Doc: "Causal attention of blocks of queries against blocks of keys placed by explicit positions: q[NQ,B,H,Sq,D], " +
+			"k,v[NK,B,KV,Sk,D] (H a multiple of KV), q_pos[NQ,B,Sq], k_pos[NK,B,Sk] (integers). Query (i of block a) sees key " +
+			"(j of block c) of the same batch row when k_pos <= q_pos, and k_pos > q_pos - window when window > 0. Returns " +
+			"o f32[NQ,B,H,Sq,D], softmax(q·kᵀ·scale)·v over the keys it sees, and lse f32[NQ,B,H,Sq], the log-sum-exp of " +
+			"those scores; a query that sees no key gets o = 0 and lse = -inf (the identity of attention_merge).",
+		Inputs: []string{"q", "k", "v", "q_pos", "k_pos"},
+		Attrs: []AttrSpec{
+			{Name: "scale", Type: AttrFloat},
+			{Name: "window", Type: AttrInt, Default: 0, Doc: "sliding window; 0 means none"},
+		},
+		Infer: inferAttentionPartial,
+	})
+	Register(&OpSpec{
+		Name: "attention_merge",
+		Doc: "Merges two partial attention results over disjoint sets of keys by their log-sum-exp: o1, o2 f32[...,D], " +
+			"lse1, lse2 f32[...]. With m = max(lse1, lse2), w = exp(lse - m): o = (o1*w1 + o2*w2)/(w1 + w2) and lse = " +
+			"m + log(w1 + w2). A side with lse = -inf (no key) contributes nothing; both -inf give o = 0, lse = -inf. " +
+			"Returns (o, lse).",
+		Inputs:      []string{"o1", "lse1", "o2", "lse2"},
+		Commutative: false,
+		Infer: func(n *Node) ([]Type, error) {
+			o1, l1, o2, l2 := inType(n, 0), inType(n, 1), inType(n, 2), inType(n, 3)
+			for _, t := range []Type{o1, l1, o2, l2} {
+				if t.DType != tensor.F32 {
+					return nil, fmt.Errorf("attention_merge works on f32 partial results, got %s, %s, %s, %s", o1, l1, o2, l2)
+				}
+			}
+			if !o1.Shape.Equal(o2.Shape) || !l1.Shape.Equal(l2.Shape) || len(o1.Shape) != len(l1.Shape)+1 ||
+				!o1.Shape[:len(l1.Shape)].Equal(l1.Shape) {
+				return nil, fmt.Errorf("attention_merge needs o1, o2 [...,D] and lse1, lse2 [...], got %s, %s, %s, %s", o1.Shape, l1.Shape, o2.Shape, l2.Shape)
+			}
+			return []Type{o1, l1}, nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			o, lse := DecomposeAttentionMerge(b, n.Inputs[0], n.Inputs[1], n.Inputs[2], n.Inputs[3])
+			return []*Value{o, lse}, b.Err()
+		},
+	})
+	Register(&OpSpec{
+		Name: "ring_shift",
+		Doc: "Passes x one step around a ring of the ranks of a group: rank i of the group sends its x to rank i+1 and " +
+			"returns the x of rank i-1 (mod group_size). Same type as x, any dtype; every rank's x must have one shape.",
+		Inputs:     []string{"x"},
+		Attrs:      groupAttrs(),
+		Collective: true,
+		Infer: func(n *Node) ([]Type, error) {
+			if _, err := checkGroup(n); err != nil {
+				return nil, err
+			}
+			t := inType(n, 0)
+			return one(Type{t.DType, t.Shape.Clone()}), nil
+		},
+	})
+}
+
+func inferAttentionPartial(n *Node) ([]Type, error) {
+	q, k, v, qp, kp := inType(n, 0), inType(n, 1), inType(n, 2), inType(n, 3), inType(n, 4)
+	if len(q.Shape) != 5 || len(k.Shape) != 5 || !k.Shape.Equal(v.Shape) {
+		return nil, fmt.Errorf("want q [NQ,B,H,Sq,D] and k, v [NK,B,KV,Sk,D], got %s, %s, %s", q.Shape, k.Shape, v.Shape)
+	}
+	if !q.DType.IsFloat() || !k.DType.IsFloat() || !v.DType.IsFloat() {
+		return nil, fmt.Errorf("q, k and v must be floats, got %s, %s, %s", q.DType, k.DType, v.DType)
+	}
+	H, KV := q.Shape[2], k.Shape[2]
+	if H.IsSym() || KV.IsSym() || KV.Size == 0 || H.Size%KV.Size != 0 {
+		return nil, fmt.Errorf("query heads %s are not a multiple of KV heads %s", H, KV)
+	}
+	if q.Shape[1] != k.Shape[1] || q.Shape[4] != k.Shape[4] {
+		return nil, fmt.Errorf("q %s and k %s disagree on batch or head size", q.Shape, k.Shape)
+	}
+	if len(qp.Shape) != 3 || !qp.DType.IsInt() || qp.Shape[0] != q.Shape[0] || qp.Shape[1] != q.Shape[1] || qp.Shape[2] != q.Shape[3] {
+		return nil, fmt.Errorf("q_pos must be integer [NQ,B,Sq] matching q %s, got %s", q.Shape, qp)
+	}
+	if len(kp.Shape) != 3 || !kp.DType.IsInt() || kp.Shape[0] != k.Shape[0] || kp.Shape[1] != k.Shape[1] || kp.Shape[2] != k.Shape[3] {
+		return nil, fmt.Errorf("k_pos must be integer [NK,B,Sk] matching k %s, got %s", k.Shape, kp)
+	}
+	if n.Attrs.Int("window") < 0 {
+		return nil, fmt.Errorf("window must be >= 0, got %d", n.Attrs.Int("window"))
+	}
+	return []Type{{tensor.F32, q.Shape.Clone()}, {tensor.F32, q.Shape[:4].Clone()}}, nil
+}
+
+// DecomposeAttentionMerge writes attention_merge in primitives: o1, o2 f32[...,D] and
+// lse1, lse2 f32[...] -> (o f32[...,D], lse f32[...]). A maximum of -inf (neither side saw a
+// key) is replaced by 0 so that no -inf - -inf appears; the weights are then 0 and the sum of
+// weights, replaced by 1 in the division, gives o = 0 and lse = log 0 = -inf.
+func DecomposeAttentionMerge(b *Builder, o1, lse1, o2, lse2 *Value) (o, lse *Value) {
+	m := b.Maximum(lse1, lse2)
+	some := b.Compare("gt", m, b.Scalar(tensor.F32, -math.MaxFloat32)) // false only for -inf
+	zero, one := b.Scalar(tensor.F32, 0), b.Scalar(tensor.F32, 1)
+	ms := b.Where(some, m, zero)
+	w1 := b.Unary("exp", b.Sub(lse1, ms))
+	w2 := b.Unary("exp", b.Sub(lse2, ms))
+	sum := b.Add(w1, w2)
+	lse = b.Add(ms, b.Unary("log", sum))
+	col := func(x *Value) *Value { return b.Reshape(x, append(x.Type.Shape.Clone(), D(1))...) }
+	num := b.Add(b.Mul(o1, col(w1)), b.Mul(o2, col(w2)))
+	o = b.Div(num, col(b.Where(some, sum, one)))
+	return o, lse
+}
