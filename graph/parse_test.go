@@ -28,7 +28,6 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"fused":        buildFused,
 		"collective":   buildCollective,
 		"cp":           buildCP,
-		"cp":           buildCP,
 		"packed":       buildPacked,
 		"moe":          buildMoE,
 		"moe_fused":    buildMoEFused,
