@@ -55,6 +55,9 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if err := resolveModels(&dir, &tokDir); err != nil {
+				return err
+			}
 			if url == "" && dir == "" {
 				return errors.New("give --url (a running server) or --model (an in-process engine)")
 			}
@@ -212,8 +215,8 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 	f.StringVar(&url, "url", "", "base URL of an OpenAI-compatible server, such as http://127.0.0.1:8000")
 	f.StringVar(&servedModel, "served-model", "", "model name sent to the server (default: the first of GET /v1/models)")
 	f.StringVar(&apiKey, "api-key", "", "API key for the server (default: $OPENAI_API_KEY)")
-	f.StringVar(&dir, "model", "", "checkpoint directory: without --url, benchmark an engine in this process")
-	f.StringVar(&tokDir, "tokenizer", "", "directory with the server's tokenizer, for synthetic prompts of exact lengths (default: --model)")
+	f.StringVar(&dir, "model", "", modelUsage+": without --url, benchmark an engine in this process")
+	f.StringVar(&tokDir, "tokenizer", "", "directory or Hugging Face name with the server's tokenizer, for synthetic prompts of exact lengths (default: --model)")
 	f.StringVar(&dataset, "dataset", "", "JSONL file of requests instead of synthetic prompts")
 	f.StringVar(&endpoint, "endpoint", "completions", "API to load: completions or chat")
 	f.IntVar(&inputLen, "input-len", 128, "prompt tokens of synthetic requests")

@@ -34,6 +34,9 @@ conversation, /exit (or end of input) quits.`,
 		Example: `  loom chat --model testdata/tiny-qwen2 --temperature 0.7`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := resolveModels(&dir); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("seed") {
 				params.Seed, params.HasSeed = seed, true
 			}
@@ -66,7 +69,7 @@ conversation, /exit (or end of input) quits.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "model", "", "checkpoint directory")
+	f.StringVar(&dir, "model", "", modelUsage)
 	f.StringVar(&system, "system", "", "system message that opens the conversation")
 	f.IntVar(&maxTokens, "max-tokens", 512, "most tokens of a reply")
 	f.Float64Var(&params.Temperature, "temperature", 0.7, "sampling temperature (0: greedy)")

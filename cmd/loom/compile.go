@@ -29,6 +29,9 @@ transform on stderr) and writes the final graph in text form to stdout or --outp
   loom compile --model testdata/tiny-llama --world-size 2 --dump-graphs /tmp/dump`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := resolveModels(&dir); err != nil {
+				return err
+			}
 			m, g, err := engine.OpenGraph(dir, engine.LoadOptions{})
 			if err != nil {
 				return err
@@ -61,7 +64,7 @@ transform on stderr) and writes the final graph in text form to stdout or --outp
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "model", "", "checkpoint directory")
+	f.StringVar(&dir, "model", "", modelUsage)
 	f.StringVarP(&output, "output", "o", "", "write the final graph text to this file instead of stdout")
 	f.BoolVar(&report, "report-candidates", false, "list the chains of unfused ops that repeat in the final graph, with counts and layers (on stderr)")
 	addTransformFlags(cmd, &transforms)

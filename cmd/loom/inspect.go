@@ -16,6 +16,9 @@ func newInspectCmd() *cobra.Command {
 		Short: "Print a checkpoint's architecture, sizes and graph",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := resolveModels(&dir); err != nil {
+				return err
+			}
 			m, err := model.Open(dir)
 			if err != nil {
 				return err
@@ -47,7 +50,7 @@ func newInspectCmd() *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&dir, "model", "", "checkpoint directory")
+	cmd.Flags().StringVar(&dir, "model", "", modelUsage)
 	_ = cmd.MarkFlagRequired("model")
 	return cmd
 }

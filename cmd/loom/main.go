@@ -44,6 +44,6 @@ func newRootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
 	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd(), newSynthCmd(),
-		newServeCmd(), newChatCmd(), newTokenizeCmd(), newBenchCmd(), newLaunchCmd())
+		newServeCmd(), newChatCmd(), newTokenizeCmd(), newBenchCmd(), newLaunchCmd(), newPullCmd(), newListCmd())
 	return root
 }

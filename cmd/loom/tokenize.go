@@ -39,6 +39,9 @@ Only the tokenizer files are read: tokenizer.json, tokenizer_config.json and the
   loom tokenize --model testdata/tiny-qwen2 --messages chat.json --render`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := resolveModels(&dir); err != nil {
+				return err
+			}
 			textFlagSet = cmd.Flags().Changed("text")
 			if textFlagSet == (messages != "") {
 				return errors.New("give either --text or --messages")
@@ -85,7 +88,7 @@ Only the tokenizer files are read: tokenizer.json, tokenizer_config.json and the
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "model", "", "checkpoint directory (only its tokenizer files are read)")
+	f.StringVar(&dir, "model", "", modelUsage+" (only its tokenizer files are read)")
 	f.StringVar(&text, "text", "", "text to tokenize")
 	f.StringVar(&messages, "messages", "", `JSON file with a list of {"role", "content"} messages ("-": stdin)`)
 	f.BoolVar(&addGen, "add-generation-prompt", true, "with --messages: end with the start of an assistant turn")
