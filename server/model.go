@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/loom-ml/loom/chattemplate"
@@ -57,4 +58,25 @@ func ModelConfig(m *model.Model, name string) (Config, error) {
 		VocabSize:     m.Config.VocabSize,
 		Defaults:      defaults,
 	}, nil
+}
+
+// DirConfig is ModelConfig for the checkpoint folder dir before its weights are loaded: it
+// reads config.json, generation_config.json, the tokenizer and the chat template only, so
+// that a folder that cannot be served (no tokenizer, say) fails before minutes of loading.
+func DirConfig(dir, name string) (Config, error) {
+	cfg, err := model.LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return Config{}, fmt.Errorf("server: %s: %w", dir, err)
+	}
+	m := &model.Model{Dir: dir, Config: cfg}
+	genPath := filepath.Join(dir, "generation_config.json")
+	switch _, err := os.Stat(genPath); {
+	case err == nil:
+		if m.Generation, err = model.LoadGenerationConfig(genPath); err != nil {
+			return Config{}, fmt.Errorf("server: %s: %w", dir, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return Config{}, fmt.Errorf("server: %s: %w", dir, err)
+	}
+	return ModelConfig(m, name)
 }

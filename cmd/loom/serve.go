@@ -7,18 +7,26 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/chattemplate"
 	"github.com/loom-ml/loom/engine"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/server"
 	"github.com/loom-ml/loom/tensor"
+	"github.com/loom-ml/loom/tokenizer"
 	"github.com/loom-ml/loom/transform"
 )
 
@@ -35,6 +43,8 @@ type engineFlags struct {
 	cudaProfile  bool
 	syncSteps    bool
 	transforms   transform.Flags
+	// maxModelLen, when set, lowers the context the engine serves (serve's --max-model-len).
+	maxModelLen int
 }
 
 func (e *engineFlags) register(cmd *cobra.Command) {
@@ -88,6 +98,15 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 	if m.Follower() {
 		startFollower(cmd, m)
 		return nil, nil, nil, errors.New("unreachable: a follower exits")
+	}
+	if n := e.maxModelLen; n > 0 {
+		if n > m.Config.MaxPositionEmbeddings {
+			m.Close()
+			return nil, nil, nil, fmt.Errorf("--max-model-len %d is more than the model's context, %d (max_position_embeddings)", n, m.Config.MaxPositionEmbeddings)
+		}
+		// The graph is built; the engine reads the context from here (its checks, and the
+		// default KV cache size).
+		m.Config.MaxPositionEmbeddings = n
 	}
 	// The engine outlives the command's context: a signal must let it drain, not kill it.
 	eng, err := engine.New(context.WithoutCancel(cmd.Context()), m, eopts)
@@ -152,6 +171,16 @@ func newServeCmd() *cobra.Command {
 		maxConcurrent   int
 		defaultMax      int
 		shutdownTimeout time.Duration
+		chatTemplate    string
+		apiKey          string
+		allowedOrigins  []string
+		maxRequestBytes int64
+		maxConns        int
+		readTimeout     time.Duration
+		writeTimeout    time.Duration
+		idleTimeout     time.Duration
+		gpuMemUtil      float64
+		tpShort         vllmTP
 		ef              engineFlags
 	)
 	cmd := &cobra.Command{
@@ -159,12 +188,26 @@ func newServeCmd() *cobra.Command {
 		Short: "Serve a model over HTTP with the OpenAI API",
 		Long: `Loads a model and serves it with an OpenAI-compatible API:
 
-  POST /v1/completions, POST /v1/chat/completions (streaming with "stream": true)
-  GET /v1/models, GET /health, GET /metrics (Prometheus)
+  POST /v1/completions, POST /v1/chat/completions (streaming with "stream": true, n choices)
+  GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize (vLLM's shapes)
+  GET /health, GET /metrics (Prometheus)
+
+The port is bound and the tokenizer and chat template read before the weights load; until
+the model is ready GET /health answers 503 {"status": "loading"} and the API 503.
+
+--api-key (or LOOM_API_KEY) makes every route but /health ask for "Authorization: Bearer KEY".
+--allowed-origins lets browsers on those origins call the API (CORS).
 
 --overload chooses what happens when the engine is full: "queue" (the default) makes requests
 wait, "reject" answers HTTP 429 at once. On SIGTERM or SIGINT the server stops accepting
-connections, finishes the requests in flight (up to --shutdown-timeout) and exits.`,
+connections, finishes the requests in flight (up to --shutdown-timeout) and exits; a second
+signal, or the timeout, ends the open streams with an error event and [DONE].
+
+vLLM's names of the same settings work too: --tensor-parallel-size and -tp (--world-size),
+--max-num-seqs (--max-batch), --max-num-batched-tokens (--max-tokens-per-step),
+--max-model-len, --served-model-name, --chat-template. Loom has no --gpu-memory-utilization:
+the KV cache takes 90% of the GPU memory free after the weights, less 4 GiB, or
+--kv-cache-bytes.`,
 		Example: `  loom serve --model testdata/tiny-llama --port 8000
   curl localhost:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'`,
 		Args: cobra.NoArgs,
@@ -175,16 +218,47 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 			if port < 0 || port > 65535 {
 				return fmt.Errorf("--port must be between 0 and 65535, got %d", port)
 			}
+			if cmd.Flags().Changed("gpu-memory-utilization") {
+				return fmt.Errorf("--gpu-memory-utilization %g: Loom has no such setting; the KV cache takes 90%% of the GPU memory free after the weights, less 4 GiB; set its size with --kv-cache-bytes", gpuMemUtil)
+			}
+			if err := tpShort.apply(cmd, &ef.ranks); err != nil {
+				return err
+			}
+			if ef.maxModelLen < 0 {
+				return fmt.Errorf("--max-model-len must be positive, got %d", ef.maxModelLen)
+			}
+			if apiKey == "" {
+				apiKey = os.Getenv("LOOM_API_KEY")
+			}
+			if _, err := ef.ranks.resolve(); err != nil {
+				return err
+			}
 			queue := overload == "queue"
-			m, eng, done, err := ef.start(cmd, dir, queue, maxConcurrent, maxQueue)
+			env, multi, err := processEnv(os.LookupEnv)
 			if err != nil {
 				return err
 			}
-			defer done()
-			defer eng.Close()
-			cfg, err := server.ModelConfig(m, name)
+			if multi && env.Rank != 0 {
+				// A follower rank serves nothing: it follows rank 0 and exits in start.
+				_, _, _, err := ef.start(cmd, dir, queue, maxConcurrent, maxQueue)
+				return err
+			}
+
+			// What needs no weights comes first: the tokenizer, the chat template, the port.
+			cfg, err := server.DirConfig(dir, name)
 			if err != nil {
 				return err
+			}
+			if n := ef.maxModelLen; n > 0 {
+				if n > cfg.ContextLength {
+					return fmt.Errorf("--max-model-len %d is more than the model's context, %d (max_position_embeddings in %s)", n, cfg.ContextLength, filepath.Join(dir, "config.json"))
+				}
+				cfg.ContextLength = n
+			}
+			if chatTemplate != "" {
+				if cfg.ChatTemplate, err = loadChatTemplate(chatTemplate, dir, cfg.Tokenizer); err != nil {
+					return err
+				}
 			}
 			reg := prometheus.NewRegistry()
 			for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -196,7 +270,12 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 			if defaultMax > 0 {
 				cfg.DefaultMaxTokens = defaultMax
 			}
-			srv, err := server.New(server.FromEngine(eng), cfg)
+			cfg.APIKey, cfg.AllowedOrigins, cfg.MaxBodyBytes, cfg.MaxConnections = apiKey, allowedOrigins, maxRequestBytes, maxConns
+			cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = none(readTimeout), none(writeTimeout), none(idleTimeout)
+			if maxConns == 0 {
+				cfg.MaxConnections = -1
+			}
+			srv, err := server.NewLoading(cfg)
 			if err != nil {
 				return err
 			}
@@ -204,17 +283,44 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 			if err != nil {
 				return fmt.Errorf("listen: %w", err)
 			}
+			url := "http://" + ln.Addr().String() + "/v1"
 			served := make(chan error, 1)
 			go func() { served <- srv.Serve(ln) }()
-			slog.Info("listening", "url", "http://"+ln.Addr().String()+"/v1", "model", cfg.Model)
+			slog.Info("listening", "url", url, "model", cfg.Model, "status", "loading")
+
+			_, eng, done, err := ef.start(cmd, dir, queue, maxConcurrent, maxQueue)
+			if err != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(ctx)
+				<-served
+				return err
+			}
+			defer done()
+			defer eng.Close()
+			if err := srv.Ready(server.FromEngine(eng)); err != nil {
+				return err
+			}
+			slog.Info("ready", "url", url, "model", cfg.Model)
 			select {
 			case err := <-served:
 				return err
 			case <-cmd.Context().Done():
 			}
-			slog.Info("signal received; finishing the requests in flight", "timeout", shutdownTimeout)
+			slog.Info("signal received; finishing the requests in flight (a second signal ends them now)", "timeout", shutdownTimeout)
 			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 			defer cancel()
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			go func() {
+				select {
+				case <-sigs:
+					slog.Warn("second signal: ending the open streams now")
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
 			err = srv.Shutdown(ctx)
 			if serr := <-served; serr != nil {
 				err = errors.Join(err, serr)
@@ -235,7 +341,99 @@ connections, finishes the requests in flight (up to --shutdown-timeout) and exit
 	f.IntVar(&maxConcurrent, "max-concurrent", 0, "most requests in the engine at once, running or queued (0: no limit); past it requests wait for a slot (--overload queue) or get HTTP 429")
 	f.IntVar(&defaultMax, "default-max-tokens", 0, "max_tokens of completion requests that give none (0: 16, as OpenAI)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 5*time.Minute, "how long to wait for requests in flight on SIGTERM")
+	f.IntVar(&ef.maxModelLen, "max-model-len", 0, "most tokens of a request, prompt and completion (0: the model's max_position_embeddings); less also sizes a smaller default KV cache")
+	f.StringVar(&chatTemplate, "chat-template", "", "chat template: a file, a template's text, or the name of one of the checkpoint's templates (default: the checkpoint's)")
+	f.StringVar(&apiKey, "api-key", "", "API key that clients must send as Authorization: Bearer KEY on every route but /health (default: $LOOM_API_KEY; none: no check)")
+	f.StringSliceVar(&allowedOrigins, "allowed-origins", nil, "origins that browsers may call the API from, comma-separated, or * for any (CORS; none: no CORS headers)")
+	f.Int64Var(&maxRequestBytes, "max-request-bytes", 16<<20, "largest request body in bytes; a text prompt is also bounded by the context, at 32 bytes a token")
+	f.IntVar(&maxConns, "max-connections", 1024, "most open connections; one past it gets 503 (0: no limit)")
+	f.DurationVar(&readTimeout, "read-timeout", 30*time.Second, "how long a client may take to send a request's headers, and then its body (0: no limit)")
+	f.DurationVar(&writeTimeout, "write-timeout", 60*time.Second, "how long one write to a client may take, so that one that stops reading is dropped; a stream may last longer (0: no limit)")
+	f.DurationVar(&idleTimeout, "idle-timeout", 60*time.Second, "how long a keep-alive connection may wait for its next request (0: no limit)")
+	f.Float64Var(&gpuMemUtil, "gpu-memory-utilization", 0, "vLLM's setting, which Loom has not: see --kv-cache-bytes")
+	_ = f.MarkHidden("gpu-memory-utilization")
 	ef.register(cmd)
+	tpShort.register(cmd)
+	// vLLM's names for the same settings.
+	aliases := map[string]string{
+		"tensor-parallel-size":   "world-size",
+		"tp":                     "world-size",
+		"max-num-seqs":           "max-batch",
+		"max-num-batched-tokens": "max-tokens-per-step",
+	}
+	f.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if to, ok := aliases[name]; ok {
+			name = to
+		}
+		return pflag.NormalizedName(name)
+	})
 	_ = cmd.MarkFlagRequired("model")
 	return cmd
+}
+
+// none turns a flag's 0 (no limit) into the server's negative.
+func none(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// vllmTP makes vLLM's "-tp N" work, which pflag cannot spell as one shorthand: -t is a
+// hidden switch that needs no value and -p a hidden int, so "-tp 2" and "-tp=2" set both.
+type vllmTP struct {
+	t bool
+	p int
+}
+
+func (v *vllmTP) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.BoolVarP(&v.t, "tp-switch", "t", false, "with -p: -tp N, vLLM's tensor-parallel size")
+	f.IntVarP(&v.p, "tp-size", "p", 0, "with -t: -tp N, vLLM's tensor-parallel size")
+	_ = f.MarkHidden("tp-switch")
+	_ = f.MarkHidden("tp-size")
+}
+
+// apply sets the world size from -tp N, refusing -t or -p alone and a different
+// --world-size.
+func (v *vllmTP) apply(cmd *cobra.Command, m *meshFlags) error {
+	f := cmd.Flags()
+	t, p := f.Changed("tp-switch"), f.Changed("tp-size")
+	switch {
+	case !t && !p:
+		return nil
+	case t != p:
+		return errors.New("-t and -p are not flags of loom serve; -tp N (--tensor-parallel-size N) sets the tensor-parallel size")
+	case f.Changed("world-size") && m.worldSize != v.p:
+		return fmt.Errorf("-tp %d and --world-size/--tensor-parallel-size %d disagree", v.p, m.worldSize)
+	}
+	m.worldSize = v.p
+	return nil
+}
+
+// loadChatTemplate reads --chat-template as vLLM does: a file, else the template's text
+// itself; Loom also takes the name of one of the checkpoint's own templates (such as
+// tool_use). The template gets the tokenizer's special tokens.
+func loadChatTemplate(arg, dir string, tok *tokenizer.Tokenizer) (*chattemplate.Template, error) {
+	special := map[string]string{}
+	for _, role := range []string{"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"} {
+		if s, ok := tok.SpecialToken(role); ok {
+			special[role] = s
+		}
+	}
+	src := arg
+	if data, err := os.ReadFile(arg); err == nil {
+		src = string(data)
+	} else if !strings.ContainsAny(arg, "{}") {
+		t, nerr := chattemplate.LoadNamed(dir, arg)
+		if nerr != nil {
+			return nil, fmt.Errorf("--chat-template %q is not a readable file (%v), a template, or a template of %s (%v)", arg, err, dir, nerr)
+		}
+		return t, nil
+	}
+	t, err := chattemplate.New(src, special)
+	if err != nil {
+		return nil, fmt.Errorf("--chat-template: %w", err)
+	}
+	return t, nil
 }

@@ -40,9 +40,9 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// startServe runs `loom serve` in the background on a free port and returns its API URL,
-// a function that stops it as SIGTERM would, one that waits for the command's result, and
-// its stderr.
+// startServe runs `loom serve` in the background on a free port and returns its API URL
+// once the model is ready, a function that stops it as SIGTERM would, one that waits for
+// the command's result, and its stderr.
 func startServe(t *testing.T, args ...string) (url string, stop context.CancelFunc, wait func() error, stderr *syncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -57,7 +57,7 @@ func startServe(t *testing.T, args ...string) (url string, stop context.CancelFu
 		result = cmd.ExecuteContext(ctx)
 		close(fin)
 	}()
-	re := regexp.MustCompile(`listening url=(\S+)`)
+	re := regexp.MustCompile(`ready url=(\S+)`)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
@@ -126,6 +126,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatalf("serve: %v\n%s", err, stderr.String())
 	}
+	t.Logf("serve's log:\n%s", stderr.String())
 	if !strings.Contains(stderr.String(), "server stopped") {
 		t.Errorf("no shutdown message in\n%s", stderr.String())
 	}
