@@ -62,6 +62,9 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 		f, err := safetensors.Open(p)
 		if err != nil {
 			c.Close()
+			if perr := lfsPointer(p); perr != nil {
+				err = perr
+			}
 			return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 		}
 		c.files = append(c.files, f)
@@ -111,7 +114,7 @@ func (c *Checkpoint) locate() ([]string, map[string]string, error) {
 		}
 	}
 	if len(paths) == 0 {
-		return nil, nil, fmt.Errorf("checkpoint %s: no %s, %s or *.safetensors files", c.dir, IndexFile, SingleFile)
+		return nil, nil, noSafetensors(c.dir)
 	}
 	sort.Strings(paths)
 	return paths, nil, nil
