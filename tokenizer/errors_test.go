@@ -71,6 +71,12 @@ func TestParseErrors(t *testing.T) {
 		}(), `special token "<s>" is missing from special_tokens`},
 		{"empty added token", func() string { s := good; s.added = `[{"id": 5, "content": ""}]`; return s.json() }(), "added_tokens[0]: empty content"},
 		{"negative id", func() string { s := good; s.added = `[{"id": -1, "content": "x"}]`; return s.json() }(), "added_tokens[0]: invalid id -1"},
+		{"added token without id", func() string { s := good; s.added = `[{"content": "x"}]`; return s.json() }(), `added_tokens[0] ("x"): no id`},
+		{"two added tokens with one id", func() string {
+			s := good
+			s.added = `[{"id": 7, "content": "x"}, {"id": 7, "content": "y"}]`
+			return s.json()
+		}(), `added_tokens[1] ("y"): id 7 is already added_tokens[0] ("x")`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

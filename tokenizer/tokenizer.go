@@ -40,13 +40,19 @@ type Tokenizer struct {
 const maxTokenID = 1<<24 - 1
 
 // file is the top level of tokenizer.json.
+// fileAddedToken is an added_tokens entry as the file has it: its id is required.
+type fileAddedToken struct {
+	AddedToken
+	ID *int `json:"id"`
+}
+
 type file struct {
-	AddedTokens   []AddedToken    `json:"added_tokens"`
-	Normalizer    json.RawMessage `json:"normalizer"`
-	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
-	PostProcessor json.RawMessage `json:"post_processor"`
-	Decoder       json.RawMessage `json:"decoder"`
-	Model         json.RawMessage `json:"model"`
+	AddedTokens   []fileAddedToken `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
+	Decoder       json.RawMessage  `json:"decoder"`
+	Model         json.RawMessage  `json:"model"`
 }
 
 // Load reads a tokenizer.json file.
@@ -117,14 +123,23 @@ func parse(data []byte) (*Tokenizer, error) {
 	if t.decoders, err = parseDecoder(f.Decoder, "decoder"); err != nil {
 		return nil, err
 	}
-	for i := range f.AddedTokens {
-		a := f.AddedTokens[i]
+	first := make(map[int]int, len(f.AddedTokens)) // id -> index of the entry that has it
+	for i, fa := range f.AddedTokens {
+		a := fa.AddedToken
 		if a.Content == "" {
 			return nil, fmt.Errorf("added_tokens[%d]: empty content", i)
 		}
+		if fa.ID == nil {
+			return nil, fmt.Errorf("added_tokens[%d] (%q): no id", i, a.Content)
+		}
+		a.ID = *fa.ID
 		if a.ID < 0 || a.ID > maxTokenID {
 			return nil, fmt.Errorf("added_tokens[%d]: invalid id %d (ids go from 0 to %d)", i, a.ID, maxTokenID)
 		}
+		if j, dup := first[a.ID]; dup {
+			return nil, fmt.Errorf("added_tokens[%d] (%q): id %d is already added_tokens[%d] (%q)", i, a.Content, a.ID, j, f.AddedTokens[j].Content)
+		}
+		first[a.ID] = i
 		t.added = append(t.added, &a)
 	}
 	t.index()
