@@ -130,7 +130,9 @@ func (m *Model) Executable() Executable {
 		return rankGroup(m.proc.ranks(m))
 	}
 	if len(m.Programs) > 1 {
-		return rankGroup(m.Ranks())
+		rg := rankGroup(m.Ranks())
+		rg.Mesh = m.Mesh
+		return rg
 	}
 	return m.Program
 }
@@ -196,6 +198,9 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	}
 	b, _, err := backend.Resolve(device, backend.Needs{Mesh: opts.Mesh, PlainGraph: !opts.Optimize, Process: opts.Process, DistBackend: opts.DistBackend})
 	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	if err := checkCP(opts, b.Name()); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	mm, g, err := OpenGraph(dir, opts)

@@ -78,6 +78,9 @@ func rankGroup(ranks []Rank) *RankGroup {
 type RankGroup struct {
 	Ranks  []Executable
 	Graphs []*graph.Graph // one per rank, for callers that read the graph (GreedyRecompute)
+	// Mesh arranges the ranks; with a cp axis of more than one rank, Run gives each rank its
+	// share of the sequence and returns the outputs in token order (engine/cp.go).
+	Mesh dist.Mesh
 }
 
 // Graph is rank 0's graph.
@@ -92,6 +95,12 @@ func (rg *RankGroup) Graph() *graph.Graph {
 func (rg *RankGroup) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]*tensor.Tensor, error) {
 	if len(rg.Ranks) == 0 {
 		return nil, errors.New("rank group: no ranks")
+	}
+	if cg, err := newCPGroup(rg.Mesh); err != nil || cg != nil {
+		if err != nil {
+			return nil, fmt.Errorf("rank group: %w", err)
+		}
+		return rg.runCP(ctx, cg, inputs)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

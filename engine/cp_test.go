@@ -1,0 +1,124 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/internal/parity"
+)
+
+// cpMeshes are the meshes the context-parallel parity tests run on.
+var cpMeshes = []string{"cp=2", "cp=4", "tp=2,cp=2", "dp=2,cp=2"}
+
+// loadCP loads fixture name on mesh (empty: one rank) as a whole-sequence graph with the
+// given cp strategy.
+func loadCP(t *testing.T, name, mesh, strategy string) *Model {
+	t.Helper()
+	opts := LoadOptions{Optimize: true, WholeSequences: true}
+	if mesh != "" {
+		opts.Mesh = mustMeshFor(t, 0, mesh)
+	}
+	opts.Transforms.Sets = []string{"transforms.rewrite_cp_attention.cp_strategy=" + strategy}
+	m, err := Load(context.Background(), filepath.Join("..", "testdata", name), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// TestContextParallelHuggingFaceParity holds whole-sequence runs split by sequence over cp
+// ranks, with both attention strategies, to Hugging Face: the logits of every position of
+// every reference prompt (all of them where the reference has them, else the last, and every
+// position against the unsharded run within logitTol), the greedy continuations
+// (teacher-forced, forcedGen), and prompts of 1 and 3 tokens (prefixes of the first prompt,
+// whose every position the reference holds) and of 64 tokens (a prefix of the long prompt,
+// every position against the unsharded run, itself held to Hugging Face above).
+func TestContextParallelHuggingFaceParity(t *testing.T) {
+	fixtures := slices.Concat(supportedFixtures, moeFixtures)
+	for _, name := range fixtures {
+		dir := filepath.Join("..", "testdata", name)
+		ref := loadReference(t, dir)
+		var base *Model
+		for _, mesh := range cpMeshes {
+			for _, strategy := range []string{"ring", "all_to_all"} {
+				t.Run(fmt.Sprintf("%s/%s/%s", name, mesh, strategy), func(t *testing.T) {
+					if base == nil {
+						base = loadCP(t, name, "", "ring")
+					}
+					m := loadCP(t, name, mesh, strategy)
+					checkCPGraph(t, m, mesh, strategy)
+					exe := m.Executable()
+					for _, p := range ref.Prompts {
+						logits, V := runAll(t, exe, p.IDs)
+						checkLogits(t, logits, p)
+						want, _ := runAll(t, base.Program, p.IDs)
+						if d, at := maxAbsDiff(logits, want); d > logitTol {
+							t.Errorf("%d tokens: logits differ from the unsharded run's by %.3g at position %d", len(p.IDs), d, at/V)
+						}
+						checkGreedy(t, forcedGen(t, exe, p), p)
+					}
+					first, long := ref.Prompts[0], ref.Prompts[len(ref.Prompts)-1]
+					for _, n := range []int{1, 3} {
+						logits, V := runAll(t, exe, first.IDs[:n])
+						if len(first.AllLogits) < n {
+							t.Fatalf("the reference's first prompt has %d rows of logits", len(first.AllLogits))
+						}
+						for pos := range n {
+							if d, at := maxAbsDiff(logits[pos*V:(pos+1)*V], first.AllLogits[pos]); d > logitTol {
+								t.Errorf("%d-token prompt, position %d: logits %.3g from Hugging Face's at %d", n, pos, d, at)
+							}
+						}
+					}
+					if len(long.IDs) < 64 {
+						t.Fatalf("the long prompt has %d tokens", len(long.IDs))
+					}
+					logits, V := runAll(t, exe, long.IDs[:64])
+					want, _ := runAll(t, base.Program, long.IDs[:64])
+					if d, at := maxAbsDiff(logits, want); d > logitTol {
+						t.Errorf("64 tokens: logits differ from the unsharded run's by %.3g at position %d", d, at/V)
+					}
+				})
+			}
+		}
+	}
+}
+
+// checkCPGraph makes sure that rank 0 of a cp mesh runs the chosen strategy over the cp
+// axis (and tp's collectives over tp), with no sdpa left, and needs every rank of the mesh.
+func checkCPGraph(t *testing.T, m *Model, mesh, strategy string) {
+	t.Helper()
+	ops := map[string]int{}
+	for _, n := range m.Graph.Nodes {
+		ops[n.Op]++
+		if s := n.Spec(); s != nil && s.Collective {
+			ops[n.Op+"@"+n.Attrs.String("group")]++
+		}
+	}
+	if ops["sdpa"] != 0 || ops["attention_partial"] == 0 {
+		t.Errorf("%s: %d sdpa and %d attention_partial ops on rank 0", mesh, ops["sdpa"], ops["attention_partial"])
+	}
+	switch {
+	case strategy == "ring" && (ops["ring_shift@cp"] == 0 || ops["attention_merge"] == 0):
+		t.Errorf("%s ring: %d ring_shift over cp and %d attention_merge", mesh, ops["ring_shift@cp"], ops["attention_merge"])
+	case strategy == "all_to_all" && ops["all_to_all@cp"] == 0 && ops["ring_shift@cp"] == 0:
+		t.Errorf("%s all_to_all: no all_to_all over cp", mesh)
+	case strings.Contains(mesh, "tp") && ops["all_reduce@tp"]+ops["all_gather@tp"] == 0:
+		t.Errorf("%s: no collective over tp", mesh)
+	}
+	if r, ok := m.Program.(interface{ Ranks() int }); !ok {
+		t.Errorf("%s: the program does not report its rank count", mesh)
+	} else if want := cpSizeOf(t, mesh); r.Ranks() < want {
+		t.Errorf("%s: the program needs %d ranks, its cp group alone has %d", mesh, r.Ranks(), want)
+	}
+}
+
+func cpSizeOf(t *testing.T, mesh string) int {
+	return cpSize(mustMeshFor(t, 0, mesh))
+}
+
+var _ = parity.LogitTol
