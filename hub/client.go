@@ -77,6 +77,8 @@ const (
 	Advanced
 	// Restarted: the server ignored the range asked for: File's download starts over.
 	Restarted
+	// Retrying: File's transfer broke at Done of Size bytes (Err) and is tried again.
+	Retrying
 	// Finished: File is downloaded and checked.
 	Finished
 )
@@ -88,6 +90,7 @@ type Event struct {
 	Size  int64
 	Done  int64
 	Files int
+	Err   error // Retrying: what broke
 }
 
 // HTTPError is a Hub answer other than success, with the Hub's error code and message.

@@ -143,6 +143,7 @@ func (c *Client) download(ctx context.Context, ref Ref, commit string, f File, b
 		if attempt >= c.Retries {
 			return fmt.Errorf("%s: %s: the download broke at %d of %d bytes (run loom pull again to resume): %w", ref, f.Name, have, f.Size, err)
 		}
+		c.emit(Event{Kind: Retrying, File: f.Name, Size: f.Size, Done: have, Err: err})
 		select {
 		case <-ctx.Done():
 			return stopped()

@@ -243,8 +243,11 @@ func TestPullResume(t *testing.T) {
 			srv := hubtest.New(t, repo)
 			c := testClient(t, srv)
 			c.Retries = tc.retries
-			restarted := false
-			c.Progress = func(e Event) { restarted = restarted || e.Kind == Restarted }
+			restarted, retried := false, false
+			c.Progress = func(e Event) {
+				restarted = restarted || e.Kind == Restarted
+				retried = retried || e.Kind == Retrying && e.Done == 100_000 && e.Err != nil
+			}
 			const cut = 100_000
 			srv.Fault("model.safetensors", hubtest.Fault{CutAfter: cut, Times: 1})
 			sum := hubtest.SHA256(repo.Files["model.safetensors"])
@@ -281,6 +284,9 @@ func TestPullResume(t *testing.T) {
 			}
 			if want := []string{fmt.Sprintf("bytes=%d-", cut)}; !slices.Equal(ranges, want) {
 				t.Errorf("Range requests %q, want %q", ranges, want)
+			}
+			if retried != (tc.retries > 0) {
+				t.Errorf("Retrying event at the cut: %v, want %v", retried, tc.retries > 0)
 			}
 			if restarted != tc.restart {
 				t.Errorf("Restarted event: %v, want %v", restarted, tc.restart)

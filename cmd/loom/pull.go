@@ -96,6 +96,8 @@ func (p *pullProgress) event(e hub.Event) {
 		} else {
 			p.line("  downloading %s (%s)", e.File, humanBytes(e.Size))
 		}
+	case hub.Retrying:
+		p.line("  %s: the transfer broke at %s of %s (%v); trying again", e.File, humanBytes(e.Done), humanBytes(e.Size), e.Err)
 	case hub.Restarted:
 		p.done, p.resumed = 0, 0
 		p.line("  %s: the server sent the whole file, not the rest: starting it over", e.File)
