@@ -102,6 +102,10 @@ type WeightShard struct {
 	Source string
 	// Note says why the split differs from what the source asked, when it does.
 	Note string
+	// PerExpert, for stacked expert weights split over ep (ShardExperts), says how each of
+	// the rank's experts splits over tp as well: ShardColwise (gate and up, by rows) or
+	// ShardRowwise (down, by columns); empty: whole on every tp rank.
+	PerExpert string
 }
 
 // ShardingPlan is detect_sharding's result, which sharding_executor applies.
@@ -458,25 +462,37 @@ func planMoE(plan *ShardingPlan, moes []moeOp, kinds map[string]WeightShard) {
 	tp, ep := plan.Size, plan.EP
 	for _, m := range moes {
 		layer := nonEmpty(m.n.Scope, m.n.Out().Name)
-		if ep > 1 {
-			note := fmt.Sprintf("%d of %d experts per ep rank", m.experts/ep, m.experts)
-			if tp > 1 {
-				note += ", whole on every tp rank"
-			}
-			for _, k := range m.keys {
-				plan.Weights[k] = WeightShard{Kind: ShardExperts, Parts: ep, Source: "ep", Note: note}
-			}
-			continue
-		}
 		g, u, d := kinds[m.keys[0]], kinds[m.keys[1]], kinds[m.keys[2]]
 		var reason string
 		switch {
+		case tp <= 1:
+			reason = "no tp axis"
 		case g.Kind == "" && u.Kind == "" && d.Kind == "":
 			reason = "no source names the experts"
 		case g.Kind != ShardColwise || u.Kind != ShardColwise || d.Kind != ShardRowwise:
 			reason = fmt.Sprintf("the experts split only as gate and up colwise, down rowwise; the plan says %s, %s, %s", nonEmpty(g.Kind, ShardReplicate), nonEmpty(u.Kind, ShardReplicate), nonEmpty(d.Kind, ShardReplicate))
 		case m.width%tp != 0:
 			reason = fmt.Sprintf("the experts' intermediate size %d does not divide by tp=%d", m.width, tp)
+		}
+		if ep > 1 { // whole experts over ep, each cut over tp as a dense MLP when the plan says so
+			note := fmt.Sprintf("%d of %d experts per ep rank", m.experts/ep, m.experts)
+			per := [3]string{ShardColwise, ShardColwise, ShardRowwise}
+			switch {
+			case tp > 1 && reason == "":
+				note += fmt.Sprintf(", each split over tp=%d", tp)
+			case tp > 1:
+				note += ", whole on every tp rank: " + reason
+				per = [3]string{}
+				if g.Kind != "" || u.Kind != "" || d.Kind != "" {
+					plan.Notes = append(plan.Notes, fmt.Sprintf("%s: each expert stays whole on every tp rank: %s", layer, reason))
+				}
+			default:
+				per = [3]string{}
+			}
+			for i, k := range m.keys {
+				plan.Weights[k] = WeightShard{Kind: ShardExperts, Parts: ep, Source: "ep", Note: note, PerExpert: per[i]}
+			}
+			continue
 		}
 		if reason != "" {
 			for i, k := range m.keys {

@@ -14,6 +14,12 @@ type ShardingExecutorConfig struct {
 	// AllReduceStrategy is the strategy attribute of the all_reduce nodes inserted: auto,
 	// nccl, oneshot or twoshot (see package dist).
 	AllReduceStrategy string `yaml:"allreduce_strategy"`
+	// EPStrategy is how the ranks of the ep axis share the work of a moe op whose experts
+	// split over ep: all_reduce (every rank runs its experts on the tokens routed to them,
+	// 0 elsewhere, and an all_reduce over ep adds the ranks' outputs) or all_to_all (each
+	// rank routes the tokens it owns, an all_to_all sends each token to the ranks of its
+	// experts and another brings the results back; see the moe_dispatch op).
+	EPStrategy string `yaml:"ep_strategy"`
 	// Mesh is used only when detect_sharding did not run (it is disabled, or in a test): the
 	// executor then detects the plan itself with detect_sharding's defaults over this mesh
 	// (empty: the caller's, else tp over every rank).
@@ -36,12 +42,17 @@ and by vocabulary slice for the head. Wherever a whole value is needed and a spl
 hand, an all_gather joins it; a whole value where a split one is needed is sliced. The
 collectives name the tp axis of the mesh, never the world. A moe op whose experts split over
 ep reads its rank's experts (a slice of each stacked param along the experts, with the
-op's expert_offset set to the first) and an all_reduce over the ep axis follows it; one
-whose experts split over tp reads its part of every expert, followed by an all_reduce over
-tp. Ranks of other mesh axes (dp) get the graph of their tp and ep coordinates. With one rank in the world and a mesh of more (a dry
+op's expert_offset set to the first) and an all_reduce over the ep axis follows it; on a
+mesh with tp as well, each of the rank's experts is cut over tp as a dense MLP when the plan
+says so, and an all_reduce over tp comes first. With ep_strategy all_to_all the op becomes
+moe_route, moe_dispatch, an all_to_all over ep of the routed tokens, moe_experts on the
+rank's experts, an all_to_all back and moe_combine: each rank computes only the tokens it
+owns, and an all_reduce over ep gives every rank every token (attention is replicated over
+ep); the result is the fused op's, bit for bit with ep alone. One whose experts split over
+tp alone reads its part of every expert, followed by an all_reduce over tp. Ranks of other mesh axes (dp) get the graph of their tp and ep coordinates. With one rank in the world and a mesh of more (a dry
 run: loom compile with a mesh option), the graph becomes rank 0's. Matches counts rank 0's
 sliced params and inserted collectives.`,
-	Config: ShardingExecutorConfig{AllReduceStrategy: dist.StrategyAuto},
+	Config: ShardingExecutorConfig{AllReduceStrategy: dist.StrategyAuto, EPStrategy: EPAllReduce},
 	After: []Dep{
 		{DetectSharding, "detect_sharding keeps the plan that sharding_executor applies (without it, sharding_executor detects one with the defaults)"},
 	},
@@ -57,6 +68,9 @@ func runShardingExecutor(_ context.Context, c *Context, graphs []*graph.Graph, c
 	}
 	if _, err := dist.ParseStrategy(cfg.AllReduceStrategy); err != nil {
 		return nil, Info{}, fmt.Errorf("option allreduce_strategy: %w", err)
+	}
+	if cfg.EPStrategy != EPAllReduce && cfg.EPStrategy != EPAllToAll {
+		return nil, Info{}, fmt.Errorf("option ep_strategy: %q is not %s or %s", cfg.EPStrategy, EPAllReduce, EPAllToAll)
 	}
 	if len(graphs) != 1 {
 		return nil, Info{}, fmt.Errorf("the graph is already split into %d rank graphs", len(graphs))
@@ -94,7 +108,7 @@ func runShardingExecutor(_ context.Context, c *Context, graphs []*graph.Graph, c
 	}
 	var info Info
 	for i, rank := range ranks {
-		s := &sharder{plan: plan, tp: plan.Size, ep: max(plan.EP, 1), strategy: cfg.AllReduceStrategy}
+		s := &sharder{plan: plan, tp: plan.Size, ep: max(plan.EP, 1), strategy: cfg.AllReduceStrategy, epStrategy: cfg.EPStrategy}
 		if s.tp > 1 {
 			grp, err := plan.Mesh.Group(rank, TPAxis)
 			if err != nil {
@@ -142,6 +156,8 @@ type sharder struct {
 	ep       int // the ep size (1: experts are not split by ep)
 	epIndex  int // this rank's position along ep
 	strategy string
+	// epStrategy is EPAllReduce or EPAllToAll.
+	epStrategy string
 
 	g        *graph.Graph
 	m        map[*graph.Value]*graph.Value // old value -> its new value, in layout lay[old]
@@ -465,54 +481,175 @@ func (s *sharder) linear(n *graph.Node) error {
 	return s.copyNode(n, n.Attrs.Clone(), ins)
 }
 
+// The values of ShardingExecutorConfig.EPStrategy.
+const (
+	EPAllReduce = "all_reduce"
+	EPAllToAll  = "all_to_all"
+)
+
 // moe rebuilds a moe op as the plan splits its stacked expert weights: by whole experts
-// over ep (the rank's experts, expert_offset at the first, an all_reduce over ep after) or
-// by features over tp (gate and up by rows, down by columns, an all_reduce over tp after).
-// It reports false when the op runs whole.
+// over ep (the rank's experts, expert_offset at the first, each cut over tp too when the
+// plan says so; an all_reduce over tp, then one over ep, after), or by features over tp
+// (gate and up by rows, down by columns, an all_reduce over tp after). With the all_to_all
+// ep strategy it becomes the dispatch and combine ops (moeAllToAll). It reports false when
+// the op runs whole.
 func (s *sharder) moe(n *graph.Node) (bool, error) {
 	gate, up, down := n.Inputs[2], n.Inputs[3], n.Inputs[4]
 	if !isParam(gate) || !isParam(up) || !isParam(down) {
 		return false, nil
 	}
-	w := s.plan.Weights[gate.Producer.Attrs.String("key")]
-	var dims [3]int
-	var parts, index int
-	var group string
-	attrs := n.Attrs.Clone()
-	switch w.Kind {
-	case ShardExperts:
-		experts := gate.Type.Shape[0].Size
-		if w.Parts != s.ep || experts%s.ep != 0 {
-			return false, fmt.Errorf("%d experts planned in %d parts over ep=%d", experts, w.Parts, s.ep)
-		}
-		dims, parts, index, group = [3]int{0, 0, 0}, s.ep, s.epIndex, EPAxis
-		attrs["expert_offset"] = n.Attrs.Int("expert_offset") + s.epIndex*experts/s.ep
-	case ShardColwise:
-		dims, parts, index, group = [3]int{1, 1, 2}, s.tp, s.index, TPAxis
-	default:
-		return false, nil
+	var ws [3]WeightShard
+	for i, v := range []*graph.Value{gate, up, down} {
+		ws[i] = s.plan.Weights[v.Producer.Attrs.String("key")]
 	}
+	attrs := n.Attrs.Clone()
 	ins, err := s.wholeInputs(&graph.Node{Inputs: n.Inputs[:2]})
 	if err != nil {
 		return false, err
 	}
-	for i, v := range []*graph.Value{gate, up, down} {
-		p, err := s.paramPart(v, dims[i], parts, index)
-		if err != nil {
-			return false, err
+	var groups []string // the reductions after the op, in order
+	switch ws[0].Kind {
+	case ShardExperts:
+		experts := gate.Type.Shape[0].Size
+		if ws[0].Parts != s.ep || experts%s.ep != 0 {
+			return false, fmt.Errorf("%d experts planned in %d parts over ep=%d", experts, ws[0].Parts, s.ep)
 		}
-		ins = append(ins, p)
+		attrs["expert_offset"] = n.Attrs.Int("expert_offset") + s.epIndex*experts/s.ep
+		for i, v := range []*graph.Value{gate, up, down} {
+			p, err := s.expertsParam(v, ws[i])
+			if err != nil {
+				return false, err
+			}
+			ins = append(ins, p)
+		}
+		if ws[0].PerExpert != "" {
+			groups = append(groups, TPAxis)
+		}
+		groups = append(groups, EPAxis)
+	case ShardColwise:
+		for i, v := range []*graph.Value{gate, up, down} {
+			p, err := s.paramPart(v, [3]int{1, 1, 2}[i], s.tp, s.index)
+			if err != nil {
+				return false, err
+			}
+			ins = append(ins, p)
+		}
+		groups = append(groups, TPAxis)
+	default:
+		return false, nil
+	}
+	if ws[0].Kind == ShardExperts && s.epStrategy == EPAllToAll {
+		return true, s.moeAllToAll(n, attrs, ins, groups[:len(groups)-1])
 	}
 	if err := s.copyNode(n, attrs, ins); err != nil {
 		return false, err
 	}
-	r, err := s.emit("all_reduce", graph.Attrs{"group": group, "group_size": parts, "strategy": s.strategy}, []*graph.Value{s.m[n.Out()]})
+	out := s.m[n.Out()]
+	for _, g := range groups {
+		if out, err = s.reduce(out, g); err != nil {
+			return false, err
+		}
+	}
+	s.m[n.Out()], s.lay[n.Out()] = out, whole()
+	return true, nil
+}
+
+// reduce emits an all_reduce (sum) of v over mesh axis group.
+func (s *sharder) reduce(v *graph.Value, group string) (*graph.Value, error) {
+	size := s.tp
+	if group == EPAxis {
+		size = s.ep
+	}
+	r, err := s.emit("all_reduce", graph.Attrs{"group": group, "group_size": size, "strategy": s.strategy}, []*graph.Value{v})
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	s.matches++
-	s.m[n.Out()], s.lay[n.Out()] = r.Out(), whole()
-	return true, nil
+	return r.Out(), nil
+}
+
+// expertsParam reads the rank's experts of stacked param v as w plans them: run epIndex of
+// the ep runs of members, each member cut over tp as w.PerExpert says (gate and up by
+// rows, down by columns).
+func (s *sharder) expertsParam(v *graph.Value, w WeightShard) (*graph.Value, error) {
+	n := v.Producer
+	attrs := n.Attrs.Clone()
+	if w.PerExpert == "" {
+		return s.paramPart(v, 0, s.ep, s.epIndex)
+	}
+	attrs["member_part"], attrs["member_parts"] = s.epIndex, s.ep
+	dim := 1
+	if w.PerExpert == ShardRowwise {
+		dim = 2
+	}
+	attrs["slice_dim"], attrs["slice_index"], attrs["slice_count"] = dim, s.index, s.tp
+	prev := s.scope
+	s.scope = n.Scope
+	p, err := s.emit(graph.OpParam, attrs, nil, v.Name)
+	s.scope = prev
+	if err != nil {
+		return nil, fmt.Errorf("param %q: %w", attrs.String("key"), err)
+	}
+	s.matches++
+	return p.Out(), nil
+}
+
+// moeAllToAll emits moe op n, whose inputs ins are x, the router and the rank's experts
+// (attrs its attributes with the rank's expert_offset), by all_to_all dispatch and combine
+// over ep: moe_route, moe_dispatch, an all_to_all over ep of the rows and of their experts,
+// moe_experts, the reductions over partial (tp, when each expert is cut over it), an
+// all_to_all back, moe_combine, and an all_reduce over ep that gives every rank every
+// token (each rank combines only the tokens it owns, 0 elsewhere).
+func (s *sharder) moeAllToAll(n *graph.Node, attrs graph.Attrs, ins []*graph.Value, partial []string) error {
+	x, router := ins[0], ins[1]
+	E := router.Type.Shape[0].Size
+	route, err := s.emit("moe_route", graph.Attrs{"top_k": attrs.Int("top_k"), "normalize": attrs.Bool("normalize"), "weight_dtype": attrs.DType("weight_dtype")}, []*graph.Value{x, router})
+	if err != nil {
+		return err
+	}
+	weights, experts := route.Outputs[0], route.Outputs[1]
+	sent, err := s.emit("moe_dispatch", graph.Attrs{"num_experts": E, "group_size": s.ep, "rank": s.epIndex}, []*graph.Value{x, experts})
+	if err != nil {
+		return err
+	}
+	exchange := func(v *graph.Value) (*graph.Value, error) {
+		a, err := s.emit("all_to_all", graph.Attrs{"group": EPAxis, "group_size": s.ep, "split_axis": 0, "concat_axis": 0}, []*graph.Value{v})
+		if err != nil {
+			return nil, err
+		}
+		s.matches++
+		return a.Out(), nil
+	}
+	rows, err := exchange(sent.Outputs[0])
+	if err != nil {
+		return err
+	}
+	ids, err := exchange(sent.Outputs[1])
+	if err != nil {
+		return err
+	}
+	y, err := s.emit("moe_experts", graph.Attrs{"expert_offset": attrs.Int("expert_offset")}, append([]*graph.Value{rows, ids}, ins[2:]...))
+	if err != nil {
+		return err
+	}
+	out := y.Out()
+	for _, g := range partial {
+		if out, err = s.reduce(out, g); err != nil {
+			return err
+		}
+	}
+	if out, err = exchange(out); err != nil {
+		return err
+	}
+	c, err := s.emit("moe_combine", graph.Attrs{"num_experts": E}, []*graph.Value{out, experts, weights}, n.Out().Name)
+	if err != nil {
+		return err
+	}
+	if out, err = s.reduce(c.Out(), EPAxis); err != nil {
+		return err
+	}
+	s.m[n.Out()], s.lay[n.Out()] = out, whole()
+	return nil
 }
 
 // elementwise rebuilds a broadcasting binary op with a split input: the other inputs are

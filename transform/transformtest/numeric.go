@@ -20,10 +20,12 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/dist/local"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 	"github.com/loom-ml/loom/transform"
+	"go.yaml.in/yaml/v3"
 )
 
 // exactTransforms are the transforms whose output graph computes every output bit for bit
@@ -64,6 +66,7 @@ var symbolSizes = map[string]int{"B": 2, "S": 9, "T": 5, "N": 2, "M": 1, "NB": 2
 type numericRun struct {
 	graphs []*graph.Graph
 	inputs []map[string]*tensor.Tensor
+	mesh   dist.Mesh // the ranks' mesh, when it has more axes than one
 }
 
 // checkNumeric runs the case's input graph in (as parsed, before the transform) and the
@@ -95,8 +98,18 @@ func numericDiffs(tr *transform.Transform, in, out *graph.Graph, options []byte)
 		want.graphs, got.graphs = []*graph.Graph{in}, []*graph.Graph{out}
 	case tr.RunRanks != nil:
 		// A transform that splits the graph over ranks: every rank's graph against the
-		// single-rank input graph, with the same inputs on every rank.
+		// single-rank input graph, with the same inputs on every rank. The world is the
+		// options' mesh (tp=2,ep=2: 4 ranks), else the largest group.
 		want.graphs = []*graph.Graph{in}
+		var opts struct {
+			Mesh string `yaml:"mesh"`
+		}
+		if err := yaml.Unmarshal(options, &opts); err == nil && opts.Mesh != "" {
+			if got.mesh, err = dist.ParseMesh(opts.Mesh); err != nil {
+				return "", nil, err
+			}
+			ranks = max(ranks, got.mesh.Size())
+		}
 		if got.graphs, err = shardRanks(tr, in, out, options, ranks); err != nil {
 			return "", nil, err
 		}
@@ -286,7 +299,7 @@ func runGraphs(r numericRun, w cpu.MapWeights) ([][]*tensor.Tensor, error) {
 	for rank, g := range r.graphs {
 		var err error
 		if n > 1 {
-			progs[rank], err = cpu.CompileWith(ctx, g, w, cpu.Options{Comm: comms[rank]})
+			progs[rank], err = cpu.CompileWith(ctx, g, w, cpu.Options{Comm: comms[rank], Mesh: r.mesh})
 		} else {
 			progs[rank], err = cpu.Compile(ctx, g, w)
 		}
