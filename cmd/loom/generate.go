@@ -63,6 +63,9 @@ greedy only).`,
   loom generate --model testdata/tiny-qwen2 --system "You are terse." --prompt "Hi" --temperature 0.7 --seed 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := resolveModels(&g.dir); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("seed") {
 				g.params.Seed, g.params.HasSeed = g.seed, true
 			}
@@ -71,7 +74,7 @@ greedy only).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&g.dir, "model", "", "checkpoint directory (config.json, *.safetensors)")
+	f.StringVar(&g.dir, "model", "", modelUsage)
 	f.StringVar(&g.prompt, "prompt", "", "prompt as text, encoded with the tokenizer's special tokens")
 	f.StringVar(&g.promptIDs, "prompt-ids", "", "prompt as comma-separated token ids, e.g. 0,1,2")
 	f.StringVar(&g.system, "system", "", "system message: render --prompt with the model's chat template, after this system message")

@@ -114,3 +114,25 @@ func TestResolveServeModel(t *testing.T) {
 		}
 	}
 }
+
+// TestServeModelArgCLI: loom serve takes its model as the argument, as vllm serve does, and
+// refuses before anything loads when there is none or it is not cached.
+func TestServeModelArgCLI(t *testing.T) {
+	hubEnv(t, "http://127.0.0.1:1")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve"}, "no model"},
+		{[]string{"serve", "org/absent"}, `download it with "loom pull org/absent"`},
+		{[]string{"serve", "--model", "org/absent"}, `download it with "loom pull org/absent"`},
+		{[]string{"serve", "org/a", "--model", "org/b"}, "two models"},
+		{[]string{"serve", "org/a", "org/b"}, "accepts at most 1 arg"},
+		{[]string{"generate", "--model", "org/absent", "--prompt-ids", "1"}, `download it with "loom pull org/absent"`},
+	} {
+		_, _, err := run(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("loom %q: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -184,7 +184,7 @@ func newServeCmd() *cobra.Command {
 		ef              engineFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "serve",
+		Use:   "serve [MODEL]",
 		Short: "Serve a model over HTTP with the OpenAI API",
 		Long: `Loads a model and serves it with an OpenAI-compatible API:
 
@@ -208,10 +208,14 @@ vLLM's names of the same settings work too: --tensor-parallel-size and -tp (--wo
 --max-model-len, --served-model-name, --chat-template. Loom has no --gpu-memory-utilization:
 the KV cache takes 90% of the GPU memory free after the weights, less 4 GiB, or
 --kv-cache-bytes.`,
-		Example: `  loom serve --model testdata/tiny-llama --port 8000
+		Example: `  loom serve Qwen/Qwen3-0.6B   # from the Hugging Face cache: loom pull Qwen/Qwen3-0.6B first
+  loom serve --model testdata/tiny-llama --port 8000
   curl localhost:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'`,
-		Args: cobra.NoArgs,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := resolveServeModel(&dir, &name, args); err != nil {
+				return err
+			}
 			if overload != "queue" && overload != "reject" {
 				return fmt.Errorf("--overload must be queue or reject, got %q", overload)
 			}
@@ -332,10 +336,10 @@ the KV cache takes 90% of the GPU memory free after the weights, less 4 GiB, or
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "model", "", "checkpoint directory")
+	f.StringVar(&dir, "model", "", modelUsage+"; or give it as the argument")
 	f.StringVar(&host, "host", "127.0.0.1", "address to listen on")
 	f.IntVar(&port, "port", 8000, "port to listen on (0: any free port)")
-	f.StringVar(&name, "served-model-name", "", "model name in the API (default: the directory's name)")
+	f.StringVar(&name, "served-model-name", "", "model name in the API (default: the Hugging Face name given, else the directory's name)")
 	f.StringVar(&overload, "overload", "queue", "when the engine is full: queue (wait) or reject (HTTP 429)")
 	f.IntVar(&maxQueue, "max-queue", 0, "most requests waiting to start, in the engine's queue or held for a slot of --max-concurrent (0: the engine's default, 1024)")
 	f.IntVar(&maxConcurrent, "max-concurrent", 0, "most requests in the engine at once, running or queued (0: no limit); past it requests wait for a slot (--overload queue) or get HTTP 429")
@@ -367,7 +371,6 @@ the KV cache takes 90% of the GPU memory free after the weights, less 4 GiB, or
 		}
 		return pflag.NormalizedName(name)
 	})
-	_ = cmd.MarkFlagRequired("model")
 	return cmd
 }
 
