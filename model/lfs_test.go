@@ -18,7 +18,7 @@ func TestOpenNotSafetensors(t *testing.T) {
 		{"lfs pointer", map[string]string{SingleFile: ptr},
 			[]string{SingleFile, "is a Git LFS pointer file of 134 bytes, not the weights", "988097824 bytes", "git lfs pull", "loom pull ORG/NAME"}},
 		{"lfs pointer shards", map[string]string{
-			IndexFile: `{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}`,
+			IndexFile:                          `{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}`,
 			"model-00001-of-00002.safetensors": ptr, "model-00002-of-00002.safetensors": ptr},
 			[]string{"model-00001-of-00002.safetensors is a Git LFS pointer file", "git lfs pull"}},
 		{"pytorch only", map[string]string{"pytorch_model.bin": "PK\x03\x04"},
