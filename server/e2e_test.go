@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,6 +62,13 @@ func newRealEnv(t *testing.T, dir string, opts engine.Options) *realEnv {
 // newRealEnvWith is newRealEnv with the model's executable wrapped by wrap (nil: as it is).
 func newRealEnvWith(t *testing.T, dir string, opts engine.Options, wrap func(engine.Executable) engine.Executable) *realEnv {
 	t.Helper()
+	return newRealEnvConfig(t, dir, opts, wrap, nil)
+}
+
+// newRealEnvConfig is newRealEnvWith with the server's configuration changed by edit (nil:
+// as ModelConfig makes it); the client sends the configured API key.
+func newRealEnvConfig(t *testing.T, dir string, opts engine.Options, wrap func(engine.Executable) engine.Executable, edit func(*Config)) *realEnv {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("loads and runs a model")
 	}
@@ -83,6 +91,9 @@ func newRealEnvWith(t *testing.T, dir string, opts engine.Options, wrap func(eng
 		t.Fatal(err)
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	if edit != nil {
+		edit(&cfg)
+	}
 	srv, err := New(FromEngine(eng), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +127,7 @@ func newRealEnvWith(t *testing.T, dir string, opts engine.Options, wrap func(eng
 	base := "http://" + ln.Addr().String()
 	env := &realEnv{
 		testEnv: testEnv{srv: srv, tok: cfg.Tokenizer, tmpl: cfg.ChatTemplate, base: base,
-			client: openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))},
+			client: openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(cmp.Or(cfg.APIKey, "unused")), option.WithMaxRetries(0))},
 		engine: eng, ref: ref.Prompts,
 	}
 	return env
@@ -301,5 +312,78 @@ func TestEngineBadRequests(t *testing.T) {
 		Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2),
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEngineNewRoutes serves tiny-llama behind an API key through openai-go: n greedy
+// choices are each the engine's greedy text and count the prompt once; /v1/models/{id},
+// /tokenize and /detokenize answer for the real tokenizer; a wrong key gets 401.
+func TestEngineNewRoutes(t *testing.T) {
+	env := newRealEnvConfig(t, "tiny-llama", engine.Options{MaxBatch: 4, KVBlocks: 64}, nil, func(c *Config) { c.APIKey = "sk-loom" })
+	p := env.ref[0]
+	es, err := env.engine.Submit(ctxT(t), engine.Request{Prompt: p.IDs, MaxTokens: 8, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, _, err := es.Collect(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := env.tok.Decode(toks, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := env.client.Completions.New(ctxT(t), openai.CompletionNewParams{
+		Model: "tiny-llama", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: ids64(p.IDs)},
+		MaxTokens: openai.Int(8), Temperature: openai.Float(0), N: openai.Int(3),
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Choices) != 3 || c.Usage.PromptTokens != int64(len(p.IDs)) || c.Usage.CompletionTokens != 24 {
+		t.Fatalf("n=3: %d choices, usage %+v", len(c.Choices), c.Usage)
+	}
+	for i, ch := range c.Choices {
+		if ch.Index != int64(i) || ch.Text != want {
+			t.Errorf("choice %d (index %d): %q, want %q", i, ch.Index, ch.Text, want)
+		}
+	}
+
+	m, err := env.client.Models.Get(ctxT(t), "tiny-llama")
+	if err != nil || m.ID != "tiny-llama" {
+		t.Errorf("model: %+v %v", m, err)
+	}
+	root := openai.NewClient(option.WithBaseURL(env.base+"/"), option.WithAPIKey("sk-loom"), option.WithMaxRetries(0))
+	var tk struct {
+		Count       int   `json:"count"`
+		MaxModelLen int   `json:"max_model_len"`
+		Tokens      []int `json:"tokens"`
+	}
+	text, err := env.tok.Decode(p.IDs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Post(ctxT(t), "tokenize", map[string]any{"prompt": text}, &tk); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := env.tok.Encode(text, true)
+	if tk.Count != len(ids) || tk.MaxModelLen != 1024 || len(tk.Tokens) != len(ids) {
+		t.Errorf("tokenize: %+v, want %d tokens", tk, len(ids))
+	}
+	var dt struct {
+		Prompt string `json:"prompt"`
+	}
+	if err := root.Post(ctxT(t), "detokenize", map[string]any{"tokens": toks}, &dt); err != nil {
+		t.Fatal(err)
+	}
+	if dt.Prompt != want {
+		t.Errorf("detokenize: %q, want %q", dt.Prompt, want)
+	}
+
+	wrong := openai.NewClient(option.WithBaseURL(env.base+"/v1/"), option.WithAPIKey("sk-other"), option.WithMaxRetries(0))
+	_, err = wrong.Models.List(ctxT(t))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || apiErr.Code != "invalid_api_key" {
+		t.Errorf("wrong key: %v", err)
 	}
 }

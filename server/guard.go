@@ -191,9 +191,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	rc := http.NewResponseController(w)
 	if s.cfg.ReadTimeout > 0 {
 		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
-		// Once read, the connection waits without a deadline: the request may stream for
-		// long, and net/http reads on to see the client go.
-		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
 	var (
@@ -218,6 +215,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	case err != nil:
 		return nil, badParam("", "cannot read the request body: %v", err)
 	}
+	// Once read, the connection waits without a deadline: the request may stream for long,
+	// and net/http reads on to see the client go. (A body that timed out keeps its expired
+	// deadline, so that net/http does not wait for the rest of it.)
+	_ = rc.SetReadDeadline(time.Time{})
 	return data, nil
 }
 
