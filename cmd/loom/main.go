@@ -42,6 +42,8 @@ func newRootCmd() *cobra.Command {
 			return nil
 		},
 	}
+	root.Version = readBuildVersion().short()
+	root.AddCommand(newVersionCmd())
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
 	root.AddCommand(newGenerateCmd(), newInspectCmd(), newCompileCmd(), newSynthCmd(),
 		newServeCmd(), newChatCmd(), newTokenizeCmd(), newBenchCmd(), newLaunchCmd(), newPullCmd(), newListCmd())
