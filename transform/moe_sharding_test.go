@@ -1,11 +1,13 @@
 package transform_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/loom-ml/loom/internal/parity"
+	"github.com/loom-ml/loom/transform"
 )
 
 // moeFixtures are the mixture-of-experts checkpoints (4 experts each).
@@ -79,11 +81,26 @@ func TestMoEShardedEqualsSingleRank(t *testing.T) {
 	}
 }
 
-// The MoE plans: experts by ep, else by tp as a dense MLP; an ep size that does not divide
-// the experts is an error before any weight is read.
+// The MoE plans: experts by ep, else by tp as a dense MLP, and both (each expert of an ep
+// rank cut over tp) when the plan splits the experts as an MLP; an ep size that does not
+// divide the experts, or an unknown ep strategy, is an error naming it before any weight is
+// read.
 func TestDetectShardingMoE(t *testing.T) {
 	m, plain := openFixture(t, "tiny-qwen3moe")
 	g := matchedGraph(t, m, plain)
+	defer func() {
+		if n := m.Checkpoint.BytesRead(); n != 0 {
+			t.Errorf("%d bytes of weights read", n)
+		}
+	}()
+	cfg, err := transform.LoadConfig(transform.ConfigOptions{Arch: m.Config.ModelType, Sets: []string{"transforms.sharding_executor.ep_strategy=scatter"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = (&transform.Optimizer{Config: cfg}).Run(context.Background(), shardContext(t, m, mesh(t, "ep=2")), plain.Clone())
+	if want := `option ep_strategy: "scatter" is not all_reduce or all_to_all`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("ep_strategy scatter: error %v, want one containing %q", err, want)
+	}
 	const gate, down = "model.layers.1.mlp.experts.*.gate_proj.weight", "model.layers.1.mlp.experts.*.down_proj.weight"
 	for _, c := range []struct {
 		mesh, options string
