@@ -114,11 +114,27 @@ func (e *HTTPError) transient() bool {
 	return e.Status == http.StatusRequestTimeout || e.Status == http.StatusTooManyRequests || e.Status >= 500
 }
 
+// httpClient is c.HTTP (else a default client) that drops the token when a redirect leaves
+// the Hub's host: the Hub sends LFS files to its CDN by signed URLs, which need no token and
+// must not get it (Go would send it on to a subdomain such as cdn-lfs.huggingface.co).
+// huggingface_hub (through requests) does the same.
 func (c *Client) httpClient() *http.Client {
+	hc := http.Client{}
 	if c.HTTP != nil {
-		return c.HTTP
+		hc = *c.HTTP
 	}
-	return http.DefaultClient
+	if hc.CheckRedirect == nil {
+		hc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+			if len(via) >= 10 {
+				return errors.New("stopped after 10 redirects")
+			}
+			if req.URL.Host != via[0].URL.Host {
+				req.Header.Del("Authorization")
+			}
+			return nil
+		}
+	}
+	return &hc
 }
 
 func (c *Client) emit(e Event) {

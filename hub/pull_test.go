@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -431,19 +433,43 @@ func TestPullErrors(t *testing.T) {
 	}
 }
 
+// TestPullPrivateWithToken: the token goes to the Hub with every request, and not to the
+// CDN on another host that LFS files are redirected to, even a subdomain of the Hub's (to
+// which Go's client would send it on).
 func TestPullPrivateWithToken(t *testing.T) {
-	repo := tinyRepo()
-	repo.Private = true
-	srv := hubtest.New(t, repo)
-	srv.Token = "hf_good"
-	c := testClient(t, srv)
-	c.Token = "hf_good"
-	if _, err := c.Pull(context.Background(), Ref{repo.ID, "main"}); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range srv.Requests() {
-		if r.Auth != "Bearer hf_good" {
-			t.Errorf("%s sent Authorization %q", r.Path, r.Auth)
+	for _, otherHost := range []bool{false, true} {
+		repo := tinyRepo()
+		repo.Private = true
+		srv := hubtest.New(t, repo)
+		srv.Token = "hf_good"
+		c := testClient(t, srv)
+		c.Token = "hf_good"
+		if otherHost {
+			// hub.test and cdn.hub.test, both dialed to the fake Hub.
+			addr := srv.Listener.Addr().String()
+			c.HTTP = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			}}}
+			c.Endpoint, srv.CDNHost = "http://hub.test", "cdn.hub.test"
+		}
+		if _, err := c.Pull(context.Background(), Ref{repo.ID, "main"}); err != nil {
+			t.Fatal(err)
+		}
+		cdn := 0
+		for _, r := range srv.Requests() {
+			want := "Bearer hf_good"
+			if strings.HasPrefix(r.Path, "/cdn/") {
+				cdn++
+				if otherHost {
+					want = ""
+				}
+			}
+			if r.Auth != want {
+				t.Errorf("CDN on another host %v: %s sent Authorization %q, want %q", otherHost, r.Path, r.Auth, want)
+			}
+		}
+		if cdn == 0 {
+			t.Errorf("no request reached the CDN")
 		}
 	}
 }

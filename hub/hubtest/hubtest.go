@@ -100,6 +100,9 @@ type Request struct {
 type Server struct {
 	*httptest.Server
 	Token string // the access token that private repositories need ("" for none)
+	// CDNHost, when set, is the host (host:port) that LFS files are redirected to, as the Hub
+	// sends them to another host; it must reach this server (e.g. localhost:PORT).
+	CDNHost string
 
 	mu       sync.Mutex
 	repos    map[string]*Repo
@@ -269,7 +272,11 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Linked-Etag", `"`+sum+`"`)
 		w.Header().Set("X-Linked-Size", fmt.Sprint(len(data)))
 		w.Header().Set("ETag", `"`+GitBlobID(pointer(data))+`"`)
-		http.Redirect(w, r, "/cdn/"+sum+"?name="+name, http.StatusFound)
+		loc := "/cdn/" + sum + "?name=" + name
+		if s.CDNHost != "" {
+			loc = "http://" + s.CDNHost + loc
+		}
+		http.Redirect(w, r, loc, http.StatusFound)
 		return
 	}
 	w.Header().Set("ETag", `"`+GitBlobID(data)+`"`)
