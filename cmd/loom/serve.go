@@ -311,12 +311,12 @@ the KV cache takes 90% of the GPU memory free after the weights, less 4 GiB, or
 				return err
 			case <-cmd.Context().Done():
 			}
-			slog.Info("signal received; finishing the requests in flight (a second signal ends them now)", "timeout", shutdownTimeout)
 			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 			defer cancel()
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sigs)
+			slog.Info("signal received; finishing the requests in flight (a second signal ends them now)", "timeout", shutdownTimeout)
 			go func() {
 				select {
 				case <-sigs:

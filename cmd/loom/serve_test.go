@@ -1,15 +1,21 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -306,4 +312,189 @@ func greedyReply(t *testing.T, dir, system, user string, n int) string {
 		t.Fatal(err)
 	}
 	return reply
+}
+
+// TestServeChecksBeforeLoading: the port is bound, and the tokenizer read, before the
+// weights load; a busy port or a missing tokenizer fails without loading anything.
+func TestServeChecksBeforeLoading(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	_, port, _ := net.SplitHostPort(busy.Addr().String())
+	noTokenizer := t.TempDir()
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(noTokenizer, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"busy port", []string{"serve", "--model", dir, "--port", port}, "listen"},
+		{"no tokenizer", []string{"serve", "--model", noTokenizer, "--port", "0"}, "tokenizer"},
+	} {
+		_, stderr, err := run(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one about %q", tc.name, err, tc.want)
+		}
+		if strings.Contains(stderr, "model loaded") {
+			t.Errorf("%s: the model was loaded before the error:\n%s", tc.name, stderr)
+		}
+	}
+	// Served: the listening line comes before the model loads.
+	_, _, _, stderr := startServe(t, "--model", dir)
+	log := stderr.String()
+	if l, m := strings.Index(log, "listening url="), strings.Index(log, "model loaded"); l < 0 || m < 0 || l > m {
+		t.Errorf("the port was not bound before the model loaded:\n%s", log)
+	}
+}
+
+// TestServeVLLMFlags: vLLM's flag names set Loom's settings; --gpu-memory-utilization,
+// which Loom has not, is refused with the setting it has.
+func TestServeVLLMFlags(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpu-memory-utilization", "0.9"}, "--kv-cache-bytes"},
+		{[]string{"-t"}, "-tp N"},
+		{[]string{"-tp", "2", "--world-size", "3"}, "disagree"},
+		{[]string{"--max-model-len", "5000"}, "--max-model-len 5000 is more than the model's context, 1024"},
+		{[]string{"--chat-template", "no-such-template"}, "--chat-template"},
+		{[]string{"--tensor-parallel-size", "-1"}, "world-size"},
+	} {
+		_, _, err := run(t, append([]string{"serve", "--model", dir, "--port", "0"}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+
+	tmpl := filepath.Join(t.TempDir(), "template.jinja")
+	if err := os.WriteFile(tmpl, []byte(`{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		logs []string
+	}{
+		{[]string{"-tp", "2"}, []string{"ranks=2"}},
+		{[]string{"--tensor-parallel-size", "2", "--max-num-seqs", "3", "--max-num-batched-tokens", "64", "--max-model-len", "512",
+			"--chat-template", tmpl, "--served-model-name", "tiny"}, []string{"ranks=2", "max_batch=3", "max_tokens_per_step=64"}},
+	} {
+		url, stop, wait, stderr := startServe(t, append([]string{"--model", dir}, tc.args...)...)
+		for _, want := range tc.logs {
+			if !strings.Contains(stderr.String(), want) {
+				t.Errorf("%v: the log lacks %q:\n%s", tc.args, want, stderr.String())
+			}
+		}
+		if len(tc.args) > 2 {
+			client := openai.NewClient(option.WithBaseURL(url+"/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+			var m struct {
+				ID          string `json:"id"`
+				MaxModelLen int    `json:"max_model_len"`
+			}
+			if err := client.Get(context.Background(), "models/tiny", nil, &m); err != nil || m.MaxModelLen != 512 {
+				t.Errorf("model %+v %v, want max_model_len 512", m, err)
+			}
+			_, err := client.Completions.New(context.Background(), openai.CompletionNewParams{
+				Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(600),
+			})
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "max_tokens" {
+				t.Errorf("max_tokens past --max-model-len: %v", err)
+			}
+			root := openai.NewClient(option.WithBaseURL(strings.TrimSuffix(url, "v1")), option.WithAPIKey("x"), option.WithMaxRetries(0))
+			var tk struct {
+				Tokens []int `json:"tokens"`
+			}
+			msgs := []map[string]string{{"role": "user", "content": "hi"}}
+			if err := root.Post(context.Background(), "tokenize", map[string]any{"messages": msgs}, &tk); err != nil {
+				t.Fatal(err)
+			}
+			tok, err := tokenizer.LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := tok.Encode("<user>hi<assistant>", false)
+			if !slices.Equal(tk.Tokens, want) {
+				t.Errorf("--chat-template: tokens %v, want %v", tk.Tokens, want)
+			}
+		}
+		stop()
+		if err := wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestServeAPIKeyFromEnv: LOOM_API_KEY guards every route but /health.
+func TestServeAPIKeyFromEnv(t *testing.T) {
+	t.Setenv("LOOM_API_KEY", "sk-env")
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	url, _, _, _ := startServe(t, "--model", dir, "--served-model-name", "tiny")
+	resp, err := http.Get(strings.TrimSuffix(url, "/v1") + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("health without a key: %d", resp.StatusCode)
+	}
+	for key, wantErr := range map[string]bool{"sk-env": false, "sk-other": true} {
+		client := openai.NewClient(option.WithBaseURL(url+"/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+		_, err := client.Models.List(context.Background())
+		var apiErr *openai.Error
+		if wantErr != (err != nil) || wantErr && (!errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized) {
+			t.Errorf("key %s: %v", key, err)
+		}
+	}
+}
+
+// TestServeSecondSignal: after the first signal the server drains; a second SIGTERM ends
+// the open stream at once with an error event and [DONE].
+func TestServeSecondSignal(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "tiny-llama")
+	url, stop, wait, stderr := startServe(t, "--model", dir, "--served-model-name", "tiny", "--shutdown-timeout", "10m")
+	resp, err := http.Post(url+"/completions", "application/json",
+		strings.NewReader(`{"prompt": "Hello", "max_tokens": 1000, "ignore_eos": true, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	stop() // the first signal
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "signal received") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no drain:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(r)
+	events := strings.Split(strings.TrimSpace(string(rest)), "\n\n")
+	if n := len(events); n < 2 || events[n-1] != "data: [DONE]" || !strings.Contains(events[n-2], `"code":"server_shutdown"`) {
+		t.Errorf("the stream ends with %q, want the shutdown error and [DONE]", events[max(0, len(events)-2):])
+	}
+	if err := wait(); err == nil {
+		t.Error("serve ended without the forced shutdown's error")
+	}
+	if !strings.Contains(stderr.String(), "second signal") {
+		t.Errorf("no second-signal message:\n%s", stderr.String())
+	}
 }
