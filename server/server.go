@@ -1,6 +1,16 @@
 // Package server serves a Loom engine over HTTP with the OpenAI API: POST /v1/completions
-// and POST /v1/chat/completions (streaming as server-sent events or not), GET /v1/models,
+// and POST /v1/chat/completions (streaming as server-sent events or not, n choices),
+// GET /v1/models and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes),
 // GET /health and GET /metrics (Prometheus).
+//
+// Against abuse: a text prompt longer than the context can hold (promptBytesPerToken bytes a
+// token) is refused before it is tokenized, and one within that bound is tokenized only as
+// far as the context; the body is capped (Config.MaxBodyBytes), and so are the open
+// connections; headers and bodies must arrive within Config.ReadTimeout, each write must go
+// out within Config.WriteTimeout (per write, so streams may last), idle keep-alive
+// connections close. Config.APIKey guards every route but /health; Config.AllowedOrigins
+// turns on CORS. A server made by NewLoading listens while the model loads, answering 503
+// until Ready.
 //
 // The engine works in tokens; the server does the text: it encodes prompts, renders chat
 // templates, detokenizes incrementally, and applies stop strings (holding back text that
