@@ -115,8 +115,8 @@ func (p *pullProgress) event(e hub.Event) {
 		}
 	case hub.Finished:
 		p.settled += e.Size
-		p.line("  done %s (%s, %s)", e.File, humanBytes(e.Size), p.rate())
 		p.file = ""
+		p.line("  done %s (%s, %s)", e.File, humanBytes(e.Size), p.rate())
 	}
 }
 

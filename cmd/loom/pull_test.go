@@ -6,7 +6,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/loom-ml/loom/hub"
 	"github.com/loom-ml/loom/hub/hubtest"
 )
 
@@ -178,5 +180,32 @@ func TestHumanBytes(t *testing.T) {
 		if got := humanBytes(n); got != want {
 			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestPullProgressTerminal: on a terminal the pull is one status line with a bar over the
+// whole pull's bytes, cleared before each line printed above it.
+func TestPullProgressTerminal(t *testing.T) {
+	var buf strings.Builder
+	p := &pullProgress{w: &buf, tty: true, name: "org/name", start: time.Now()}
+	p.event(hub.Event{Kind: hub.Planned, Files: 2, Size: 1000})
+	p.event(hub.Event{Kind: hub.Cached, File: "config.json", Size: 100, Done: 100})
+	p.event(hub.Event{Kind: hub.Started, File: "model.safetensors", Size: 900})
+	p.drawn = time.Time{} // past the redraw interval
+	p.event(hub.Event{Kind: hub.Advanced, File: "model.safetensors", Size: 900, Done: 400})
+	p.event(hub.Event{Kind: hub.Finished, File: "model.safetensors", Size: 900, Done: 900})
+	p.clear()
+	out := buf.String()
+	bar := "\r\x1b[2Korg/name [============            ] 50% 500 B of 1.0 KB"
+	for _, s := range []string{"org/name: 2 files, 1.0 KB\n", "  downloading model.safetensors (900 B)\n", bar, "model.safetensors", "\r\x1b[2K  done model.safetensors (900 B, "} {
+		if !strings.Contains(out, s) {
+			t.Errorf("terminal output lacks %q:\n%q", s, out)
+		}
+	}
+	if strings.Contains(out, "config.json") {
+		t.Errorf("a cached file is listed on a terminal:\n%q", out)
+	}
+	if p.fetched != 400 {
+		t.Errorf("fetched %d bytes, want 400", p.fetched)
 	}
 }
