@@ -1,14 +1,19 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/loom-ml/loom/backend/cpu"
+	"github.com/loom-ml/loom/dist/local"
 	"github.com/loom-ml/loom/internal/parity"
+	"github.com/loom-ml/loom/tensor"
 )
 
 // cpMeshes are the meshes the context-parallel parity tests run on.
@@ -121,4 +126,88 @@ func cpSizeOf(t *testing.T, mesh string) int {
 	return cpSize(mustMeshFor(t, 0, mesh))
 }
 
-var _ = parity.LogitTol
+// BenchmarkContextParallelPrefill runs tiny-llama's long reference prompt (449 tokens) as one
+// whole-sequence prefill at cp=1 and cp=2 (ring and all_to_all), on the CPU:
+//
+//	go test ./engine -run '^$' -bench ContextParallelPrefill -benchtime 5x
+func BenchmarkContextParallelPrefill(b *testing.B) {
+	const name = "tiny-llama"
+	ref, err := parity.Load(filepath.Join("..", "testdata", name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids := ref.Prompts[len(ref.Prompts)-1].IDs
+	for _, tc := range []struct{ mesh, strategy string }{{"", "ring"}, {"cp=2", "ring"}, {"cp=2", "all_to_all"}} {
+		b.Run(fmt.Sprintf("mesh=%s/%s", cmp.Or(tc.mesh, "cp=1"), tc.strategy), func(b *testing.B) {
+			opts := LoadOptions{Optimize: true, WholeSequences: true}
+			if tc.mesh != "" {
+				mesh, err := MeshFor(0, tc.mesh)
+				if err != nil {
+					b.Fatal(err)
+				}
+				opts.Mesh = mesh
+			}
+			opts.Transforms.Sets = []string{"transforms.rewrite_cp_attention.cp_strategy=" + tc.strategy}
+			m, err := Load(context.Background(), filepath.Join("..", "testdata", name), opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			exe := m.Executable()
+			in := make([]int32, len(ids))
+			pos := make([]int32, len(ids))
+			for i, id := range ids {
+				in[i], pos[i] = int32(id), int32(i)
+			}
+			inputs := map[string]*tensor.Tensor{"input_ids": tensor.FromI32(in, 1, len(ids)), "positions": tensor.FromI32(pos, 1, len(ids))}
+			b.ResetTimer()
+			for range b.N {
+				if _, err := exe.Run(context.Background(), inputs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestContextParallelWrongAxis gives the 2-D mesh teeth: on tp=2,cp=2 the ring's
+// ring_shift ops bound to tp instead of cp (the same group size, so everything still
+// compiles and runs) exchange blocks between the tp ranks, which hold the same tokens'
+// other heads, and the logits must move away from Hugging Face's; bound right, they match.
+func TestContextParallelWrongAxis(t *testing.T) {
+	const name = "tiny-llama"
+	ref := loadReference(t, filepath.Join("..", "testdata", name))
+	m := loadCP(t, name, "tp=2,cp=2", "ring")
+	p := ref.Prompts[0]
+	for _, group := range []string{"cp", "tp"} {
+		comms, err := local.New(m.Mesh.Size(), local.Options{Timeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rg := &RankGroup{Mesh: m.Mesh}
+		for r, g := range m.Graphs {
+			g = g.Clone()
+			for _, n := range g.Nodes {
+				if n.Op == "ring_shift" {
+					n.Attrs["group"] = group
+				}
+			}
+			prog, err := cpu.CompileWith(context.Background(), g, m.Model.Checkpoint, cpu.Options{Comm: comms[r], Mesh: m.Mesh})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rg.Ranks = append(rg.Ranks, prog)
+			rg.Graphs = append(rg.Graphs, g)
+		}
+		logits, _ := runAll(t, rg, p.IDs)
+		err = parity.CheckLogits(logits, p, logitTol)
+		switch {
+		case group == "cp" && err != nil:
+			t.Errorf("ring_shift over cp: %v", err)
+		case group == "tp" && err == nil:
+			t.Errorf("ring_shift over tp gives Hugging Face's logits too: the test cannot tell the axes apart")
+		default:
+			t.Logf("ring_shift over %s: %v", group, err)
+		}
+	}
+}
