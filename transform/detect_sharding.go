@@ -57,7 +57,8 @@ splits a dimension the tp size does not divide, is an error.
 The stacked expert weights of moe ops (match_moe_pattern) split over the ep axis of the mesh
 by whole experts: each ep rank reads E/ep experts and an all_reduce over ep adds the ranks'
 outputs (attention and the other layers stay replicated over ep, or split over tp when the
-mesh has both axes, the experts then whole on every tp rank of an ep group). Without an ep
+mesh has both axes, each of a rank's experts then cut over tp as well, gate and up by rows and
+down by columns, when the plan splits the experts as a dense MLP). Without an ep
 axis, the experts split over tp as a dense MLP does (gate and up by output features, down by
 input features, an all_reduce over tp after the op) when the plan says so. An ep size that
 does not divide the experts of every moe op, or an ep axis with no moe op to split, is an
