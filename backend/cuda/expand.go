@@ -45,12 +45,15 @@ func logDecomposed(op string, graphName string) bool {
 // decomposition replaced by it, and for messages the op each new node comes from: g itself
 // (and no map) when no node needs it.
 func expandGraph(g *graph.Graph) (*graph.Graph, map[*graph.Node]string, error) {
-	x, err := graph.Expand(g, hasKernel)
+	keep, refused := keepFor(g)
+	x, err := graph.Expand(g, keep)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, op := range x.Expanded() {
-		logDecomposed(op, g.Name)
+		if !refused[op] { // logged with the reason by keepFor
+			logDecomposed(op, g.Name)
+		}
 	}
 	return x.Graph, x.From, nil
 }
@@ -73,4 +76,25 @@ func missingKernels(g *graph.Graph, from map[*graph.Node]string) error {
 		return fmt.Errorf("%s", strings.Join(missing, "; "))
 	}
 	return nil
+}
+
+// keepFor is hasKernel for graph g, less the ops whose kernel refuses one of g's nodes
+// (opKernel.supports): every node of such an op runs as its decomposition, logged once per
+// op and graph with the reason.
+func keepFor(g *graph.Graph) (keep func(op string) bool, refused map[string]bool) {
+	refused = map[string]bool{}
+	for _, n := range g.Nodes {
+		k, ok := opKernels[n.Op]
+		if !ok || k.supports == nil || refused[n.Op] || !hasKernel(n.Op) {
+			continue
+		}
+		if err := k.supports(n); err != nil {
+			refused[n.Op] = true
+			slog.Info("cuda: the op's kernel does not take a node of this graph; its nodes run as the decomposition", "op", n.Op, "graph", g.Name, "node", nodeText(n), "reason", err)
+		}
+	}
+	if len(refused) == 0 {
+		return hasKernel, refused
+	}
+	return func(op string) bool { return !refused[op] && hasKernel(op) }, refused
 }

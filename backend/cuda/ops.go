@@ -114,7 +114,11 @@ type opKernel struct {
 	// collective marks the collective ops: at compile time they are bound to the program's
 	// rank of its mesh (Options.Comm, Mesh, Rank), and the binding is their state.
 	collective bool
-	run        func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
+	// supports, when set, tells whether the kernel takes node n (dtypes, sizes): a graph
+	// with a node it refuses runs every node of that op as the op's decomposition, and
+	// Compile logs why (expandGraph).
+	supports func(n *graph.Node) error
+	run      func(d *Device, n *graph.Node, in, out []*Tensor, state any) error
 }
 
 // opKernels is the table of ops the executor lowers, filled by the init functions of the

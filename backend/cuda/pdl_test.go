@@ -50,6 +50,7 @@ func pdlInstances() map[string][]string {
 			"ADD_RMSNORM_VEC(BF16, bf16, BF16, bf16, F32, f32, 8, 4)", "ADD_RMSNORM_VEC(F32, f32, BF16, bf16, BF16, bf16, 4, 8)",
 		},
 		"paged.cu": paged,
+		"moe.cu":   {moeInstances[0], moeInstances[1]},
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 )
 
 // moeFixtures are the mixture-of-experts checkpoints: their optimized graphs hold moe ops,
-// which run on the GPU as their decomposition (topk and the primitives).
+// which run on the GPU on the fused kernels (moe_test.go) or, in the tests that ask for it,
+// as their decomposition (topk and the primitives).
 var moeFixtures = []string{"tiny-mixtral", "tiny-qwen2moe", "tiny-qwen3moe"}
 
 // topk gives the CPU's values and indices exactly: largest first, ties lowest index first,
@@ -49,9 +50,10 @@ func TestTopKMatchesCPU(t *testing.T) {
 	}
 }
 
-// Every op of the MoE fixtures' optimized graphs runs on the GPU: moe (no CUDA kernel yet)
-// expands into primitives that all have one, topk included (checked without a GPU).
+// Every op of the MoE fixtures' optimized graphs runs on the GPU, also as the decomposition:
+// moe expands into primitives that all have a kernel, topk included (checked without a GPU).
 func TestMoEGraphsHaveKernels(t *testing.T) {
+	decomposeOpsForTest(t, "moe")
 	for _, name := range moeFixtures {
 		for _, act := range []tensor.DType{tensor.F32, tensor.BF16} {
 			m, err := model.Open("../../testdata/" + name)
@@ -89,6 +91,7 @@ func TestMoEGraphsHaveKernels(t *testing.T) {
 // so that comparison is not made.)
 func TestMoEDecomposedOnGPU(t *testing.T) {
 	d := gpu(t)
+	decomposeOpsForTest(t, "moe")
 	for _, name := range moeFixtures {
 		t.Run(name, func(t *testing.T) {
 			m, err := model.Open("../../testdata/" + name)
