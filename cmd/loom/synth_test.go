@@ -8,6 +8,7 @@ import (
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model/synth"
+	"github.com/loom-ml/loom/tokenizer"
 )
 
 // tinyMoE registers a copy of a synth MoE shape with small dims; the returned func removes it.
@@ -83,5 +84,107 @@ func TestSynthUnknownShape(t *testing.T) {
 	_, _, err := run(t, "synth", "gpt-5", "--out", t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "mixtral-8x7b") || !strings.Contains(err.Error(), "qwen3-30b-a3b") {
 		t.Errorf("error %v should list the known shapes", err)
+	}
+}
+
+// A synthesized model's replies have text: the tokenizer covers its whole vocabulary, so
+// every id generated decodes (with the old 258-token tokenizer almost every id of a larger
+// vocabulary had none, and replies came out empty).
+func TestSynthTokenizerCoversReplies(t *testing.T) {
+	s := synth.Shapes["qwen2.5-0.5b"]
+	cfg := map[string]any{}
+	for k, v := range s.Config {
+		cfg[k] = v
+	}
+	for k, v := range map[string]any{"vocab_size": 8192, "hidden_size": 64, "intermediate_size": 96,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": 8000, "eos_token_id": 8002} {
+		cfg[k] = v
+	}
+	synth.Shapes["tiny-qwen-vocab"] = synth.Shape{Name: "tiny-qwen-vocab", Chat: s.Chat, Config: cfg}
+	defer delete(synth.Shapes, "tiny-qwen-vocab")
+	dir := t.TempDir()
+	if _, stderr, err := run(t, "synth", "tiny-qwen-vocab", "--out", dir, "--layers", "1", "--seed", "3"); err != nil {
+		t.Fatalf("synth: %v\n%s", err, stderr)
+	}
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.VocabSize() != 8192 {
+		t.Errorf("tokenizer vocabulary %d, model 8192", tok.VocabSize())
+	}
+	// A hot temperature spreads the random model's picks over the vocabulary.
+	args := []string{"--model", dir, "--system", "Be brief.", "--prompt", "hello", "--max-new-tokens", "12", "--temperature", "2", "--seed", "1", "--log-level", "warn"}
+	ids := generateIDs(t, args...)
+	text, stderr, err := run(t, append([]string{"generate"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(stderr, "not in the tokenizer's vocabulary") {
+		t.Errorf("generated ids the tokenizer does not know: %s", stderr)
+	}
+	n, beyondBytes := len(ids), 0
+	for i, id := range ids {
+		if id == 8002 {
+			n = i
+			break
+		}
+		if id > 255 {
+			beyondBytes++
+		}
+	}
+	if beyondBytes == 0 {
+		t.Fatalf("ids %v: none beyond the bytes, the test proves nothing", ids)
+	}
+	want, err := tok.Decode(ids[:n], true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want == "" || text != want+"\n" {
+		t.Errorf("ids %v: text %q, want %q (non-empty)", ids, text, want+"\n")
+	}
+	for _, id := range ids {
+		if s, err := tok.Decode([]int{id}, false); err != nil || s == "" {
+			t.Errorf("id %d decodes to %q, %v", id, s, err)
+		}
+	}
+}
+
+// synth refuses a folder that is not empty, naming --force; --force writes over it and
+// leaves one checkpoint (an old single file does not shadow new shards).
+func TestSynthForce(t *testing.T) {
+	defer tinyMoE("mixtral-8x7b", "tiny-force")()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "model-00001-of-00009.safetensors"), []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := run(t, "synth", "tiny-force", "--out", dir, "--layers", "1", "--experts", "2")
+	if err == nil || !strings.Contains(err.Error(), "--force") || !strings.Contains(err.Error(), "not empty") {
+		t.Fatalf("a non-empty folder: error %v, want one naming --force", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
+		t.Error("config.json written into a folder that was refused")
+	}
+	if _, stderr, err := run(t, "synth", "tiny-force", "--out", dir, "--layers", "1", "--experts", "2", "--force"); err != nil {
+		t.Fatalf("--force: %v\n%s", err, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "model-00001-of-00009.safetensors")); err == nil {
+		t.Error("--force left a stale shard")
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "notes.txt")); err != nil || string(data) != "mine" {
+		t.Errorf("--force touched a file that is not the checkpoint's: %q, %v", data, err)
+	}
+	if ids := generateIDs(t, "--model", dir, "--prompt-ids", "5,6", "--max-new-tokens", "2", "--log-level", "warn"); len(ids) != 2 {
+		t.Errorf("the forced checkpoint generates %v", ids)
+	}
+	// A new folder and an empty one need no --force.
+	empty := t.TempDir()
+	for _, d := range []string{filepath.Join(t.TempDir(), "new", "dir"), empty} {
+		if _, stderr, err := run(t, "synth", "tiny-force", "--out", d, "--layers", "1", "--experts", "2"); err != nil {
+			t.Errorf("%s: %v\n%s", d, err, stderr)
+		}
 	}
 }

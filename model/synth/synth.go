@@ -110,7 +110,7 @@ type Options struct {
 }
 
 // Write creates dir and writes config.json, generation_config.json, the weights and a
-// byte-level tokenizer (every byte a token, no merges, plus the shape's special tokens).
+// byte-level BPE tokenizer that covers the whole vocabulary (see writeTokenizer).
 func Write(ctx context.Context, name, dir string, opts Options) error {
 	p, err := plan(name, opts)
 	if err != nil {
