@@ -34,6 +34,10 @@ type DetectShardingConfig struct {
 	// Mesh is the device mesh, such as "tp=2" or "tp=2,dp=2". Empty: the caller's (see
 	// SetSharding), else tp over every rank of the world.
 	Mesh string `yaml:"mesh"`
+	// RefuseFallback makes a plan that leaves weights whole on every rank because the tp
+	// size does not divide them (or their heads) an error instead of a fallback; loom's
+	// commands set it unless --allow-replicated (see checkFallback).
+	RefuseFallback bool `yaml:"refuse_fallback"`
 }
 
 // DetectSharding decides how each weight splits over the tensor-parallel ranks.
@@ -51,7 +55,8 @@ replicated, and so are embedding lookups. Attention splits by whole heads: the q
 projections must cut on head boundaries. When there are fewer KV heads than ranks, each KV
 head is replicated on the ranks whose query heads use it. When the heads do not divide by the
 tp size, that layer falls back to replicated q/k/v and a column split + all_gather of its
-output projection, and says why in the log. A manual plan that names no weight, or that
+output projection. The log gets one line for all such fallbacks (each one at debug level);
+with refuse_fallback set they are an error instead, before any weight is read. A manual plan that names no weight, or that
 splits a dimension the tp size does not divide, is an error.
 
 The stacked expert weights of moe ops (match_moe_pattern) split over the ep axis of the mesh
@@ -277,8 +282,8 @@ func runDetectSharding(_ context.Context, c *Context, g *graph.Graph, cfg Detect
 	if plan.Size <= 1 && plan.EP <= 1 {
 		return Info{Skipped: true}, nil
 	}
-	for _, n := range plan.Notes {
-		c.Log().Info("detect_sharding: " + n)
+	if err := checkFallback(c, plan, cfg.RefuseFallback); err != nil {
+		return Info{}, err
 	}
 	split := 0
 	for _, w := range plan.Weights {

@@ -176,12 +176,10 @@ func (g *generateFlags) run(cmd *cobra.Command) error {
 		}
 		logits = res.PromptLogits
 	}
-	if g.maxNew > 0 {
-		if err := g.stream(cmd.Context(), m, ids, out); err != nil {
-			return err
-		}
+	if g.maxNew == 0 {
+		return out.finish(logits, g.withLogits)
 	}
-	return out.finish(logits, g.withLogits)
+	return g.stream(cmd.Context(), m, ids, out, logits)
 }
 
 // promptTokens reads the prompt: ids as given, or the text (through the chat template with
@@ -230,9 +228,10 @@ func (g *generateFlags) promptTokens(cmd *cobra.Command) ([]int, *tokenizer.Toke
 	return ids, tok, nil
 }
 
-// stream runs the prompt through an engine on m and hands each new token to out as it comes.
-// Text output stops at an end-of-sequence token; ids stop only at --max-new-tokens.
-func (g *generateFlags) stream(ctx context.Context, m *engine.Model, ids []int, out *genOutput) error {
+// stream runs the prompt through an engine on m and hands each new token to out as it comes,
+// then finishes out (before the engine stops). Text output stops at an end-of-sequence token;
+// ids stop only at --max-new-tokens.
+func (g *generateFlags) stream(ctx context.Context, m *engine.Model, ids []int, out *genOutput, logits []float32) error {
 	eopts := engine.Options{MaxBatch: 1}
 	if layout, err := engine.CacheLayout(m.Graph); err == nil && layout.Cache.BlockSize > 0 {
 		// Blocks for this one sequence (and one spare), not the default cache of many.
@@ -264,7 +263,7 @@ func (g *generateFlags) stream(ctx context.Context, m *engine.Model, ids []int, 
 			}
 		}
 		if ev.Finish != engine.FinishNone {
-			return nil
+			return out.finish(logits, g.withLogits)
 		}
 	}
 }
