@@ -16,6 +16,12 @@ func cpInferCases() []inferCase {
 			attrs: Attrs{"scale": 0.5}, err: "q_pos must be integer [NQ,B,Sq]"},
 		{op: "attention_partial", in: []Type{ty(f32t, "B", 4, "S", 8), ty(f32t, "B", 2, "S", 8), ty(f32t, "B", 2, "S", 8), ty(i32, "B", "S"), ty(i32, "B", "S")},
 			attrs: Attrs{"scale": 0.5}, err: "want q [NQ,B,H,Sq,D]"},
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 4, "Q", 16), ty(i32, 1, "Q")),
+			attrs: Attrs{"scale": 0.25}, want: []Type{ty(f32t, 1, 4, "Q", 16), ty(f32t, 1, 4, "Q")}},
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 4, "Q", 16), ty(i32, 1, "S")),
+			attrs: Attrs{"scale": 0.25}, err: "q_pos must be integer [1,Sq]"},
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 3, "Q", 16), ty(i32, 1, "Q")),
+			attrs: Attrs{"scale": 0.25}, err: "query heads 3 are not a multiple of KV heads 2"},
 		{op: "attention_merge", in: []Type{ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S"), ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S")},
 			want: []Type{ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S")}},
 		{op: "attention_merge", in: []Type{ty(f32t, "B", 4, 8), ty(f32t, "B", 4), ty(f32t, "B", 4, 8), ty(f32t, "B", 3)},
@@ -30,6 +36,13 @@ func cpInferCases() []inferCase {
 
 // buildCP uses the context-parallel ops as the ring strategy leaves them on a cp=2 rank: the
 // local block, one block received around the ring, and their merge.
+// pagedPartialIn are paged_attention_partial's inputs around q and q_pos: the rank's S
+// tokens' k, v (bf16, 2 KV heads), bf16 caches of blocks of 8, and N sequences' tables.
+func pagedPartialIn(q, qPos Type) []Type {
+	return []Type{q, ty(bf16, 1, 2, "S", 16), ty(bf16, 1, 2, "S", 16), qPos, ty(bf16, "NB", 8, 2, 16), ty(bf16, "NB", 8, 2, 16),
+		ty(i32, "S"), ty(i32, "Q"), ty(i32, "N", "M"), ty(i32, "N", "L")}
+}
+
 func buildCP() (*Graph, error) {
 	b := NewBuilder("context parallel (cp=2)")
 	q := b.Input("q", tensor.F32, Shape{D(1), symB, D(4), Sym("S"), D(16)})
@@ -41,6 +54,18 @@ func buildCP() (*Graph, error) {
 	p2 := b.Op("ring_shift", Attrs{"group": "cp", "group_size": 2}, pos)
 	part2 := b.Apply("attention_partial", Attrs{"scale": 0.25}, q, k2, k2, pos, p2)
 	m := b.Apply("attention_merge", nil, part[0], part[1], part2[0], part2[1])
-	b.Output(m[0], m[1])
+	// The paged form: the step's tokens [1,H,S,D], the rank's cache and the other blocks'
+	// queries gathered.
+	qt := b.Input("q_tokens", tensor.F32, Shape{D(1), D(4), Sym("T"), D(16)})
+	kt := b.Input("k_tokens", tensor.BF16, Shape{D(1), D(2), Sym("T"), D(16)})
+	tpos := b.Input("positions", tensor.I32, Shape{D(1), Sym("T")})
+	kc := b.Input("kv_cache.0.k", tensor.BF16, Shape{Sym("NB"), D(8), D(2), D(16)})
+	vc := b.Input("kv_cache.0.v", tensor.BF16, Shape{Sym("NB"), D(8), D(2), D(16)})
+	slots := b.Input("slot_mapping", tensor.I32, Shape{Sym("T")})
+	seqs := b.Input("token_seq", tensor.I32, Shape{Sym("T")})
+	tables := b.Input("block_tables", tensor.I32, Shape{Sym("N"), Sym("M")})
+	kvp := b.Input("kv_positions", tensor.I32, Shape{Sym("N"), Sym("L")})
+	pp := b.Apply("paged_attention_partial", Attrs{"scale": 0.25, "window": 4}, qt, kt, kt, tpos, kc, vc, slots, seqs, tables, kvp)
+	b.Output(m[0], m[1], pp[0], pp[1])
 	return b.Build()
 }
