@@ -16,10 +16,10 @@ func cpInferCases() []inferCase {
 			attrs: Attrs{"scale": 0.5}, err: "q_pos must be integer [NQ,B,Sq]"},
 		{op: "attention_partial", in: []Type{ty(f32t, "B", 4, "S", 8), ty(f32t, "B", 2, "S", 8), ty(f32t, "B", 2, "S", 8), ty(i32, "B", "S"), ty(i32, "B", "S")},
 			attrs: Attrs{"scale": 0.5}, err: "want q [NQ,B,H,Sq,D]"},
-		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 4, "Q", 16), ty(i32, 1, "Q")),
-			attrs: Attrs{"scale": 0.25}, want: []Type{ty(f32t, 1, 4, "Q", 16), ty(f32t, 1, 4, "Q")}},
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 2, 4, "Q", 16), ty(i32, 2, "Q")),
+			attrs: Attrs{"scale": 0.25}, want: []Type{ty(f32t, 2, 4, "Q", 16), ty(f32t, 2, 4, "Q")}},
 		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 4, "Q", 16), ty(i32, 1, "S")),
-			attrs: Attrs{"scale": 0.25}, err: "q_pos must be integer [1,Sq]"},
+			attrs: Attrs{"scale": 0.25}, err: "q_pos must be integer [NQ,Sq]"},
 		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 3, "Q", 16), ty(i32, 1, "Q")),
 			attrs: Attrs{"scale": 0.25}, err: "query heads 3 are not a multiple of KV heads 2"},
 		{op: "attention_merge", in: []Type{ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S"), ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S")},
@@ -40,7 +40,7 @@ func cpInferCases() []inferCase {
 // tokens' k, v (bf16, 2 KV heads), bf16 caches of blocks of 8, and N sequences' tables.
 func pagedPartialIn(q, qPos Type) []Type {
 	return []Type{q, ty(bf16, 1, 2, "S", 16), ty(bf16, 1, 2, "S", 16), qPos, ty(bf16, "NB", 8, 2, 16), ty(bf16, "NB", 8, 2, 16),
-		ty(i32, "S"), ty(i32, "Q"), ty(i32, "N", "M"), ty(i32, "N", "L")}
+		ty(i32, "S"), ty(i32, q.Shape[0].Size, "Q"), ty(i32, "N", "M"), ty(i32, "N", "L")}
 }
 
 func buildCP() (*Graph, error) {
@@ -62,7 +62,7 @@ func buildCP() (*Graph, error) {
 	kc := b.Input("kv_cache.0.k", tensor.BF16, Shape{Sym("NB"), D(8), D(2), D(16)})
 	vc := b.Input("kv_cache.0.v", tensor.BF16, Shape{Sym("NB"), D(8), D(2), D(16)})
 	slots := b.Input("slot_mapping", tensor.I32, Shape{Sym("T")})
-	seqs := b.Input("token_seq", tensor.I32, Shape{Sym("T")})
+	seqs := b.Input("token_seq", tensor.I32, Shape{D(1), Sym("T")})
 	tables := b.Input("block_tables", tensor.I32, Shape{Sym("N"), Sym("M")})
 	kvp := b.Input("kv_positions", tensor.I32, Shape{Sym("N"), Sym("L")})
 	pp := b.Apply("paged_attention_partial", Attrs{"scale": 0.25, "window": 4}, qt, kt, kt, tpos, kc, vc, slots, seqs, tables, kvp)

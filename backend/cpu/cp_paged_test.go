@@ -37,10 +37,12 @@ func TestPagedAttentionPartial(t *testing.T) {
 		attrs := graph.Attrs{"scale": 0.35, "window": window}
 		run := func(sl []int32) []*tensor.Tensor {
 			return mustRunOp(t, "paged_attention_partial", attrs, q, k, v, tensor.FromI32(qpos, 1, Sq), kc, vc,
-				tensor.FromI32(sl, Sk), tensor.FromI32(qseq, Sq), tensor.FromI32(tables, 1, len(tables)), tensor.FromI32(kvp, 1, len(kvp)))
+				tensor.FromI32(sl, Sk), tensor.FromI32(qseq, 1, Sq), tensor.FromI32(tables, 1, len(tables)), tensor.FromI32(kvp, 1, len(kvp)))
 		}
 		got := run(slots)
-		block := func(x *tensor.Tensor) *tensor.Tensor { return &tensor.Tensor{DType: x.DType, Shape: append([]int{1}, x.Shape...), F32: x.F32} }
+		block := func(x *tensor.Tensor) *tensor.Tensor {
+			return &tensor.Tensor{DType: x.DType, Shape: append([]int{1}, x.Shape...), F32: x.F32}
+		}
 		want := mustRunOp(t, "attention_partial", attrs, block(q), block(k), block(v), tensor.FromI32(qpos, 1, 1, Sq), tensor.FromI32(kpos, 1, 1, Sk))
 		for i := range want[0].F32 {
 			if h := i / D / Sq; qseq[i/D%Sq] >= 0 && math.Abs(float64(got[0].F32[i]-want[0].F32[i])) > 1e-6 {
