@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/loom-ml/loom/graph"
@@ -24,7 +25,9 @@ import (
 // the file system: one column per transform; lines new since the column to the left are
 // marked, and the lines it removed are listed above its graph; columns of transforms that
 // changed nothing start collapsed; a click on a column's header collapses or expands it, and a
-// click on a %value marks that value in every column. Files of an earlier dump in the same
+// click on a %value marks that value in every column. A layer filter shows only the lines of
+// one layer (by their scope, model.layers.N), or only those outside the layers, in every
+// column, so that the page of a deep model stays usable. Files of an earlier dump in the same
 // directory are removed first.
 
 // snapshot is the graph text after one transform.
@@ -98,6 +101,27 @@ func (d *dumper) finish() error {
 	return nil
 }
 
+// scopeRE finds a line's scope (" @model.layers.3.mlp" at its end), layerRE the layer in a
+// scope or, for a line without one, in its value and param names.
+var (
+	scopeRE = regexp.MustCompile(` @(\S+)$`)
+	layerRE = regexp.MustCompile(`(?:^|[.%"])layers\.(\d+)(?:\.|$|")`)
+)
+
+// lineLayer is the layer a graph line belongs to, or "" for one outside the layers.
+func lineLayer(line string) string {
+	if m := scopeRE.FindStringSubmatch(line); m != nil {
+		if l := layerRE.FindStringSubmatch(m[1]); l != nil {
+			return l[1]
+		}
+		return ""
+	}
+	if l := layerRE.FindStringSubmatch(line); l != nil {
+		return l[1]
+	}
+	return ""
+}
+
 // valueRE finds value references in a graph line.
 var valueRE = regexp.MustCompile(`%[A-Za-z0-9_.]+`)
 
@@ -106,7 +130,19 @@ var valueRE = regexp.MustCompile(`%[A-Za-z0-9_.]+`)
 // follows nodes across transforms.
 func writeHTML(w io.Writer, name string, snaps []snapshot) error {
 	ew := &errWriter{w: w}
-	ew.printf(htmlHead, html.EscapeString(name), html.EscapeString(name), len(snaps)-1)
+	layers := -1
+	for _, s := range snaps {
+		for _, l := range s.lines {
+			if n, err := strconv.Atoi(lineLayer(l)); err == nil && n > layers {
+				layers = n
+			}
+		}
+	}
+	var opts strings.Builder
+	for i := 0; i <= layers; i++ {
+		fmt.Fprintf(&opts, `<option value="%d">layer %d</option>`, i, i)
+	}
+	ew.printf(htmlHead, html.EscapeString(name), html.EscapeString(name), len(snaps)-1, layers+1, opts.String())
 	var prev map[string]int
 	for i, s := range snaps {
 		count := make(map[string]int, len(s.lines))
@@ -167,19 +203,28 @@ func writeColumn(ew *errWriter, i int, s snapshot, added []bool, nAdded int, rem
 	if len(removed) > 0 {
 		ew.printf(`<details class="rm"><summary>%d removed</summary>`, len(removed))
 		for _, l := range removed {
-			ew.printf(`<div class="l">%s</div>`, markValues(l))
+			ew.printf(`<div class="l"%s>%s</div>`, layerAttr(l), markValues(l))
 		}
 		ew.printf("</details>")
 	}
 	ew.printf("<pre>")
 	for j, l := range s.lines {
 		if added[j] {
-			ew.printf(`<div class="l add">%s</div>`, markValues(l))
+			ew.printf(`<div class="l add"%s>%s</div>`, layerAttr(l), markValues(l))
 		} else {
-			ew.printf(`<div class="l">%s</div>`, markValues(l))
+			ew.printf(`<div class="l"%s>%s</div>`, layerAttr(l), markValues(l))
 		}
 	}
 	ew.printf("</pre></div></div>\n")
+}
+
+// layerAttr is the data-layer attribute of a line in a layer (the page's layer filter), or
+// nothing for a line outside the layers.
+func layerAttr(line string) string {
+	if l := lineLayer(line); l != "" {
+		return ` data-layer="` + l + `"`
+	}
+	return ""
 }
 
 // markValues escapes a line and wraps each %value in a span the page can highlight.
@@ -231,13 +276,16 @@ details.rm .l { text-decoration: line-through; color: #844; }
 .collapsed .hdr .s a { display: none; }
 .v { cursor: pointer; }
 .v.hl { background: #ffe066; outline: 1px solid #e0a800; }
-</style></head>
+.bar { margin: 4px 0 8px; }
+</style><style id="layer-filter"></style></head>
 <body>
 <h1>graph %s: %d transforms</h1>
 <p class="help">One column per transform, left to right. Green lines are new or changed since
 the column to the left; the lines a transform removed are listed above its graph. Columns of
 transforms that changed nothing start collapsed: click a header to collapse or expand a column.
-Click a %%value to mark it in every column.</p>
+Click a %%value to mark it in every column. The layer filter shows one layer's lines (or those
+outside the %d layers) in every column.</p>
+<div class="bar"><label>layer filter <select id="layer"><option value="">all lines</option><option value="none">outside the layers</option>%s</select></label></div>
 <div class="cols">
 `
 
@@ -248,6 +296,13 @@ document.querySelectorAll('.hdr').forEach(function (h) {
     if (e.target.tagName === 'A') return;
     h.parentElement.classList.toggle('collapsed');
   });
+});
+// The layer filter is one style rule, so that it costs nothing per line however deep the model.
+document.getElementById('layer').addEventListener('change', function (e) {
+  var v = e.target.value, css = '';
+  if (v === 'none') css = '.l[data-layer] { display: none; }';
+  else if (/^[0-9]+$/.test(v)) css = '.l:not([data-layer="' + v + '"]) { display: none; }';
+  document.getElementById('layer-filter').textContent = css;
 });
 var marked = null;
 document.addEventListener('click', function (e) {
