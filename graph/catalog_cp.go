@@ -34,12 +34,13 @@ func init() {
 	Register(&OpSpec{
 		Name: "paged_attention_partial",
 		Doc: "Context parallelism on the paged KV cache: one cp rank's part of the attention of a step's queries, over the " +
-			"keys this rank caches. First every token t of k, v[1,KV,Sk,D] (the rank's own tokens of the step) is written to " +
+			"keys this rank caches (B is 1: the step's flattened tokens). First every token t of k, v[B,KV,Sk,D] (the rank's " +
+			"own tokens of the step) is written to " +
 			"k_cache, v_cache[NB,BS,KV,D] at slot slot_mapping[t] (block slot/BS, offset slot%BS; a slot < 0 is not written). " +
-			"Then query i of block a of q[NQ,H,Sq,D] (blocks of queries of any rank), of sequence q_seq[a,i] at position " +
-			"q_pos[a,i], attends to the entries j of that sequence's row of kv_pos[N,L] (the position of the sequence's j-th " +
+			"Then query i of block a of q[NQ,B,H,Sq,D] (blocks of queries of any rank), of sequence q_seq[a,i] at position " +
+			"q_pos[a,0,i], attends to the entries j of that sequence's row of kv_pos[N,L] (the position of the sequence's j-th " +
 			"token cached on this rank, -1 for none), entry j living in block block_tables[seq, j/BS] at offset j%BS, whose " +
-			"position is <= q_pos (and > q_pos - window when window > 0). Returns o f32[NQ,H,Sq,D] and lse f32[NQ,H,Sq] as " +
+			"position is <= q_pos (and > q_pos - window when window > 0). Returns o f32[NQ,B,H,Sq,D] and lse f32[NQ,B,H,Sq] as " +
 			"attention_partial: a query that sees no key (or whose q_seq is < 0) gets o = 0 and lse = -inf. Writing the " +
 			"same keys again is harmless, so a rank may run it for several blocks of queries with its own k, v and slots.",
 		Inputs: []string{"q", "k", "v", "q_pos", "k_cache", "v_cache", "slot_mapping", "q_seq", "block_tables", "kv_pos"},
@@ -122,29 +123,29 @@ func inferAttentionPartial(n *Node) ([]Type, error) {
 func inferPagedAttentionPartial(n *Node) ([]Type, error) {
 	q, k, v, qp := inType(n, 0), inType(n, 1), inType(n, 2), inType(n, 3)
 	kc, vc, slots, qs, tables, kvp := inType(n, 4), inType(n, 5), inType(n, 6), inType(n, 7), inType(n, 8), inType(n, 9)
-	if len(q.Shape) != 4 || len(k.Shape) != 4 || !k.Shape.Equal(v.Shape) || k.Shape[0] != D(1) {
-		return nil, fmt.Errorf("want q [NQ,H,Sq,D] and k, v [1,KV,Sk,D], got %s, %s, %s", q.Shape, k.Shape, v.Shape)
+	if len(q.Shape) != 5 || len(k.Shape) != 4 || !k.Shape.Equal(v.Shape) || k.Shape[0] != q.Shape[1] {
+		return nil, fmt.Errorf("want q [NQ,B,H,Sq,D] and k, v [B,KV,Sk,D], got %s, %s, %s", q.Shape, k.Shape, v.Shape)
 	}
 	if !q.DType.IsFloat() || !k.DType.IsFloat() || !v.DType.IsFloat() {
 		return nil, fmt.Errorf("q, k and v must be floats, got %s, %s, %s", q.DType, k.DType, v.DType)
 	}
-	H, KV := q.Shape[1], k.Shape[1]
+	H, KV := q.Shape[2], k.Shape[1]
 	if H.IsSym() || KV.IsSym() || KV.Size == 0 || H.Size%KV.Size != 0 {
 		return nil, fmt.Errorf("query heads %s are not a multiple of KV heads %s", H, KV)
 	}
-	if q.Shape[3] != k.Shape[3] {
+	if q.Shape[4] != k.Shape[3] {
 		return nil, fmt.Errorf("q %s and k %s disagree on the head size", q.Shape, k.Shape)
 	}
-	if len(qp.Shape) != 2 || !qp.DType.IsInt() || qp.Shape[0] != q.Shape[0] || qp.Shape[1] != q.Shape[2] {
-		return nil, fmt.Errorf("q_pos must be integer [NQ,Sq] matching q %s, got %s", q.Shape, qp)
+	if len(qp.Shape) != 3 || !qp.DType.IsInt() || qp.Shape[0] != q.Shape[0] || qp.Shape[1] != q.Shape[1] || qp.Shape[2] != q.Shape[3] {
+		return nil, fmt.Errorf("q_pos must be integer [NQ,B,Sq] matching q %s, got %s", q.Shape, qp)
 	}
-	if len(kc.Shape) != 4 || !kc.Equal(vc) || kc.Shape[2] != KV || kc.Shape[3] != q.Shape[3] || !kc.DType.IsFloat() {
-		return nil, fmt.Errorf("caches must be float [NB,BS,%s,%s] of one type, got %s and %s", KV, q.Shape[3], kc, vc)
+	if len(kc.Shape) != 4 || !kc.Equal(vc) || kc.Shape[2] != KV || kc.Shape[3] != q.Shape[4] || !kc.DType.IsFloat() {
+		return nil, fmt.Errorf("caches must be float [NB,BS,%s,%s] of one type, got %s and %s", KV, q.Shape[4], kc, vc)
 	}
 	if len(slots.Shape) != 1 || slots.Shape[0] != k.Shape[2] || !slots.DType.IsInt() {
 		return nil, fmt.Errorf("slot_mapping must be integer [Sk] matching k %s, got %s", k.Shape, slots)
 	}
-	if len(qs.Shape) != 2 || qs.Shape[0] != q.Shape[0] || qs.Shape[1] != q.Shape[2] || !qs.DType.IsInt() {
+	if len(qs.Shape) != 2 || qs.Shape[0] != q.Shape[0] || qs.Shape[1] != q.Shape[3] || !qs.DType.IsInt() {
 		return nil, fmt.Errorf("q_seq must be integer [NQ,Sq] matching q %s, got %s", q.Shape, qs)
 	}
 	if len(tables.Shape) != 2 || !tables.DType.IsInt() || len(kvp.Shape) != 2 || !kvp.DType.IsInt() || tables.Shape[0] != kvp.Shape[0] {
@@ -153,7 +154,7 @@ func inferPagedAttentionPartial(n *Node) ([]Type, error) {
 	if n.Attrs.Int("window") < 0 {
 		return nil, fmt.Errorf("window must be >= 0, got %d", n.Attrs.Int("window"))
 	}
-	return []Type{{tensor.F32, q.Shape.Clone()}, {tensor.F32, q.Shape[:3].Clone()}}, nil
+	return []Type{{tensor.F32, q.Shape.Clone()}, {tensor.F32, q.Shape[:4].Clone()}}, nil
 }
 
 // DecomposeAttentionMerge writes attention_merge in primitives: o1, o2 f32[...,D] and

@@ -16,11 +16,11 @@ func cpInferCases() []inferCase {
 			attrs: Attrs{"scale": 0.5}, err: "q_pos must be integer [NQ,B,Sq]"},
 		{op: "attention_partial", in: []Type{ty(f32t, "B", 4, "S", 8), ty(f32t, "B", 2, "S", 8), ty(f32t, "B", 2, "S", 8), ty(i32, "B", "S"), ty(i32, "B", "S")},
 			attrs: Attrs{"scale": 0.5}, err: "want q [NQ,B,H,Sq,D]"},
-		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 2, 4, "Q", 16), ty(i32, 2, "Q")),
-			attrs: Attrs{"scale": 0.25}, want: []Type{ty(f32t, 2, 4, "Q", 16), ty(f32t, 2, 4, "Q")}},
-		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 4, "Q", 16), ty(i32, 1, "S")),
-			attrs: Attrs{"scale": 0.25}, err: "q_pos must be integer [NQ,Sq]"},
-		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, 3, "Q", 16), ty(i32, 1, "Q")),
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 2, "B", 4, "Q", 16), ty(i32, 2, "B", "Q")),
+			attrs: Attrs{"scale": 0.25}, want: []Type{ty(f32t, 2, "B", 4, "Q", 16), ty(f32t, 2, "B", 4, "Q")}},
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, "B", 4, "Q", 16), ty(i32, 1, "B", "S")),
+			attrs: Attrs{"scale": 0.25}, err: "q_pos must be integer [NQ,B,Sq]"},
+		{op: "paged_attention_partial", in: pagedPartialIn(ty(f32t, 1, "B", 3, "Q", 16), ty(i32, 1, "B", "Q")),
 			attrs: Attrs{"scale": 0.25}, err: "query heads 3 are not a multiple of KV heads 2"},
 		{op: "attention_merge", in: []Type{ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S"), ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S")},
 			want: []Type{ty(f32t, 1, "B", 4, "S", 8), ty(f32t, 1, "B", 4, "S")}},
@@ -39,7 +39,7 @@ func cpInferCases() []inferCase {
 // pagedPartialIn are paged_attention_partial's inputs around q and q_pos: the rank's S
 // tokens' k, v (bf16, 2 KV heads), bf16 caches of blocks of 8, and N sequences' tables.
 func pagedPartialIn(q, qPos Type) []Type {
-	return []Type{q, ty(bf16, 1, 2, "S", 16), ty(bf16, 1, 2, "S", 16), qPos, ty(bf16, "NB", 8, 2, 16), ty(bf16, "NB", 8, 2, 16),
+	return []Type{q, ty(bf16, "B", 2, "S", 16), ty(bf16, "B", 2, "S", 16), qPos, ty(bf16, "NB", 8, 2, 16), ty(bf16, "NB", 8, 2, 16),
 		ty(i32, "S"), ty(i32, q.Shape[0].Size, "Q"), ty(i32, "N", "M"), ty(i32, "N", "L")}
 }
 
@@ -56,9 +56,9 @@ func buildCP() (*Graph, error) {
 	m := b.Apply("attention_merge", nil, part[0], part[1], part2[0], part2[1])
 	// The paged form: the step's tokens [1,H,S,D], the rank's cache and the other blocks'
 	// queries gathered.
-	qt := b.Input("q_tokens", tensor.F32, Shape{D(1), D(4), Sym("T"), D(16)})
+	qt := b.Input("q_tokens", tensor.F32, Shape{D(1), D(1), D(4), Sym("T"), D(16)})
 	kt := b.Input("k_tokens", tensor.BF16, Shape{D(1), D(2), Sym("T"), D(16)})
-	tpos := b.Input("positions", tensor.I32, Shape{D(1), Sym("T")})
+	tpos := b.Input("positions", tensor.I32, Shape{D(1), D(1), Sym("T")})
 	kc := b.Input("kv_cache.0.k", tensor.BF16, Shape{Sym("NB"), D(8), D(2), D(16)})
 	vc := b.Input("kv_cache.0.v", tensor.BF16, Shape{Sym("NB"), D(8), D(2), D(16)})
 	slots := b.Input("slot_mapping", tensor.I32, Shape{Sym("T")})

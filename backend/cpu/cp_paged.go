@@ -26,10 +26,10 @@ func pagedAttentionPartial(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*te
 	fail := func(format string, args ...any) ([]*tensor.Tensor, error) {
 		return nil, fmt.Errorf("paged_attention_partial: "+format, args...)
 	}
-	if len(q.Shape) != 4 || len(k.Shape) != 4 || !slices.Equal(k.Shape, v.Shape) || k.Shape[0] != 1 {
-		return fail("want q [NQ,H,Sq,D] and k, v [1,KV,Sk,D], got %v, %v, %v", q.Shape, k.Shape, v.Shape)
+	if len(q.Shape) != 5 || len(k.Shape) != 4 || !slices.Equal(k.Shape, v.Shape) || k.Shape[0] != 1 || q.Shape[1] != 1 {
+		return fail("want q [NQ,1,H,Sq,D] and k, v [1,KV,Sk,D] (a step's flattened tokens), got %v, %v, %v", q.Shape, k.Shape, v.Shape)
 	}
-	NQ, H, Sq, D := q.Shape[0], q.Shape[1], q.Shape[2], q.Shape[3]
+	NQ, H, Sq, D := q.Shape[0], q.Shape[2], q.Shape[3], q.Shape[4]
 	KV, Sk := k.Shape[1], k.Shape[2]
 	if KV == 0 || H%KV != 0 || k.Shape[3] != D {
 		return fail("q %v does not fit k %v", q.Shape, k.Shape)
@@ -38,7 +38,7 @@ func pagedAttentionPartial(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*te
 		return fail("caches must be [NB,BS,%d,%d] of one dtype, got %s%v and %s%v", KV, D, kc.DType, kc.Shape, vc.DType, vc.Shape)
 	}
 	NB, BS := kc.Shape[0], kc.Shape[1]
-	if !slices.Equal(qpT.Shape, []int{NQ, Sq}) || !slices.Equal(slotsT.Shape, []int{Sk}) || !slices.Equal(qseqT.Shape, []int{NQ, Sq}) ||
+	if !slices.Equal(qpT.Shape, []int{NQ, 1, Sq}) || !slices.Equal(slotsT.Shape, []int{Sk}) || !slices.Equal(qseqT.Shape, []int{NQ, Sq}) ||
 		len(tablesT.Shape) != 2 || len(kvpT.Shape) != 2 || tablesT.Shape[0] != kvpT.Shape[0] {
 		return fail("q_pos %v, slot_mapping %v, q_seq %v, block_tables %v, kv_pos %v do not fit q %v and k %v",
 			qpT.Shape, slotsT.Shape, qseqT.Shape, tablesT.Shape, kvpT.Shape, q.Shape, k.Shape)
@@ -95,8 +95,8 @@ func pagedAttentionPartial(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*te
 	qs := q.Float32s()
 	scale := float32(n.Attrs.Float("scale"))
 	window := int64(n.Attrs.Int("window"))
-	o := tensor.New(tensor.F32, NQ, H, Sq, D)
-	lse := tensor.New(tensor.F32, NQ, H, Sq)
+	o := tensor.New(tensor.F32, NQ, 1, H, Sq, D)
+	lse := tensor.New(tensor.F32, NQ, 1, H, Sq)
 	for i := range lse.F32 {
 		lse.F32[i] = float32(math.Inf(-1))
 	}

@@ -30,20 +30,20 @@ func TestPagedAttentionPartial(t *testing.T) {
 	}
 	qseq := []int32{0, 0, 0, 0, -1}
 	for _, window := range []int{0, 4} {
-		q := randTensor(rng, tensor.F32, []int{1, H, Sq, D}, -1, 1)
+		q := randTensor(rng, tensor.F32, []int{1, 1, H, Sq, D}, -1, 1)
 		k := randTensor(rng, tensor.F32, []int{1, KV, Sk, D}, -1, 1)
 		v := randTensor(rng, tensor.F32, []int{1, KV, Sk, D}, -1, 1)
 		kc, vc := tensor.New(tensor.F32, 4, BS, KV, D), tensor.New(tensor.F32, 4, BS, KV, D)
 		attrs := graph.Attrs{"scale": 0.35, "window": window}
 		run := func(sl []int32) []*tensor.Tensor {
-			return mustRunOp(t, "paged_attention_partial", attrs, q, k, v, tensor.FromI32(qpos, 1, Sq), kc, vc,
+			return mustRunOp(t, "paged_attention_partial", attrs, q, k, v, tensor.FromI32(qpos, 1, 1, Sq), kc, vc,
 				tensor.FromI32(sl, Sk), tensor.FromI32(qseq, 1, Sq), tensor.FromI32(tables, 1, len(tables)), tensor.FromI32(kvp, 1, len(kvp)))
 		}
 		got := run(slots)
 		block := func(x *tensor.Tensor) *tensor.Tensor {
 			return &tensor.Tensor{DType: x.DType, Shape: append([]int{1}, x.Shape...), F32: x.F32}
 		}
-		want := mustRunOp(t, "attention_partial", attrs, block(q), block(k), block(v), tensor.FromI32(qpos, 1, 1, Sq), tensor.FromI32(kpos, 1, 1, Sk))
+		want := mustRunOp(t, "attention_partial", attrs, q, block(k), block(v), tensor.FromI32(qpos, 1, 1, Sq), tensor.FromI32(kpos, 1, 1, Sk))
 		for i := range want[0].F32 {
 			if h := i / D / Sq; qseq[i/D%Sq] >= 0 && math.Abs(float64(got[0].F32[i]-want[0].F32[i])) > 1e-6 {
 				t.Fatalf("window %d: o[%d] (head %d) = %v, attention_partial %v", window, i, h, got[0].F32[i], want[0].F32[i])
