@@ -73,3 +73,14 @@ func (k *Key[T]) Get(c *Context) (T, bool) {
 	v, ok := c.values[k].(T)
 	return v, ok
 }
+
+// enabledKey holds the names of the transforms the optimizer runs (Optimizer.Run sets it),
+// for a transform whose work depends on a later one's (see Enabled).
+var enabledKey = NewKey[map[string]bool]("the enabled transforms")
+
+// Enabled reports whether the optimizer running c's transforms runs t. Outside the
+// optimizer (Apply, golden tests) it reports false.
+func Enabled(c *Context, t *Transform) bool {
+	m, _ := enabledKey.Get(c)
+	return m[t.Name]
+}

@@ -105,6 +105,11 @@ func (o *Optimizer) Run(ctx context.Context, c *Context, g *graph.Graph) (graphs
 			}
 		}()
 	}
+	enabled := map[string]bool{}
+	for _, e := range cfg.entries {
+		enabled[e.Transform.Name] = e.Enabled
+	}
+	enabledKey.Set(c, enabled)
 	graphs = []*graph.Graph{g}
 	for _, e := range cfg.entries {
 		if err := ctx.Err(); err != nil {

@@ -38,7 +38,9 @@ every head to every rank's tokens of the rank's H/N heads, the positions gathere
 attention_partial over the N blocks per query block computes full attention for the head
 group, and the output goes back by the inverse exchange. KV heads that N does not divide are
 repeated to the query heads first; query heads that N does not divide fall back to ring (a
-note in the log). The collectives name the cp axis. Matches counts the attention rewritten.`,
+note in the log). The collectives name the cp axis. Matches counts the attention rewritten.
+With the paged KV cache on (insert_cached_attention enabled) it skips and hands cp_strategy
+to cp_cached_attention, which rewrites the paged attention by the same choice.`,
 	Config: RewriteCPAttentionConfig{Strategy: CPRing},
 	After: []Dep{
 		{ShardSequence, "shard_sequence turns each sdpa into the local attention_partial rewritten here"},
@@ -47,6 +49,10 @@ note in the log). The collectives name the cp axis. Matches counts the attention
 }
 
 func init() { Register(RewriteCPAttention) }
+
+// cpStrategyKey carries rewrite_cp_attention's cp_strategy to cp_cached_attention when the
+// paged KV cache is on.
+var cpStrategyKey = NewKey[string]("rewrite_cp_attention's cp_strategy")
 
 func runRewriteCPAttention(_ context.Context, c *Context, g *graph.Graph, cfg RewriteCPAttentionConfig) (Info, error) {
 	if cfg.Strategy != CPRing && cfg.Strategy != CPAllToAll {
@@ -57,6 +63,10 @@ func runRewriteCPAttention(_ context.Context, c *Context, g *graph.Graph, cfg Re
 		return Info{}, err
 	}
 	if cp <= 1 {
+		return Info{Skipped: true}, nil
+	}
+	if Enabled(c, InsertCachedAttention) {
+		cpStrategyKey.Set(c, cfg.Strategy) // for cp_cached_attention
 		return Info{Skipped: true}, nil
 	}
 	users := g.Users()

@@ -76,6 +76,12 @@ func runShardSequence(_ context.Context, c *Context, g *graph.Graph, cfg ShardSe
 			return Info{}, fmt.Errorf("%s: a softmax over the sequence (unmatched attention?) would see the rank's tokens only; cp=%d needs every attention as sdpa (match_eager_attention)", n.Out(), cp)
 		}
 	}
+	if Enabled(c, InsertCachedAttention) {
+		// The paged KV cache: insert_cached_attention turns each sdpa into paged_attention
+		// and cp_cached_attention splits that over the cp ranks' caches.
+		c.Log().Info("shard_sequence: the paged KV cache is on; cp_cached_attention splits the attention after insert_cached_attention", "cp", cp)
+		return Info{Skipped: true}, nil
+	}
 	matches := 0
 	for _, n := range slices.Clone(g.Nodes) {
 		if n.Op != "sdpa" {

@@ -344,6 +344,9 @@ func bindSymbols(graphs ...*graph.Graph) (map[string]int, error) {
 		if g.Input("block_tables") != nil {
 			env["N"] = 1
 		}
+		if in := g.Input("kv_positions"); in != nil && len(in.Type.Shape) == 2 {
+			env[in.Type.Shape[1].Sym] = env["M"] * blockSizeOf(g) // every slot of the table's blocks
+		}
 	}
 	for _, g := range graphs {
 		for _, v := range g.Inputs {
@@ -355,6 +358,16 @@ func bindSymbols(graphs ...*graph.Graph) (map[string]int, error) {
 		}
 	}
 	return env, nil
+}
+
+// blockSizeOf is the block size of g's first KV cache input (16 without one).
+func blockSizeOf(g *graph.Graph) int {
+	for _, v := range g.Inputs {
+		if strings.HasPrefix(v.Name, "kv_cache.") && len(v.Type.Shape) == 4 && !v.Type.Shape[1].IsSym() {
+			return v.Type.Shape[1].Size
+		}
+	}
+	return 16
 }
 
 // seeded returns a random source determined by name.
@@ -479,6 +492,13 @@ func randomInputs(env map[string]int, seed string, graphs ...*graph.Graph) (map[
 		case name == "block_tables" && len(shape) == 2: // sequence s in blocks 1+s*M, ...
 			for i := range vals {
 				vals[i] = int64(1 + i)
+			}
+		case name == "kv_positions" && len(shape) == 2: // cp_cached_attention: the rank caches positions 0..S-1
+			for i := range vals {
+				vals[i] = -1
+				if j := i % shape[1]; j < env["S"] {
+					vals[i] = int64(j)
+				}
 			}
 		case name == "logit_rows" && len(shape) == 1: // the last position, then 0, 1, ...
 			for i := range vals {
