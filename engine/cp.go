@@ -17,8 +17,10 @@ import (
 // real query sees; their own outputs are dropped), runs every rank on its share, and puts
 // the outputs of the cp group of rank 0 back in token order.
 //
-// Only whole-sequence graphs run with cp (LoadOptions.WholeSequences: GreedyRecompute and
-// the parity tools); the paged-KV-cache engine does not yet (see checkCP).
+// That is the whole-sequence path (LoadOptions.WholeSequences: GreedyRecompute and the
+// parity tools). The engine's graph on the paged KV cache runs cp through cp_cached_attention
+// and the engine's per-cp-index blocks (cp_cache.go): prefill split the same way, decode on
+// every rank's cached keys.
 
 // cpSize is the size of the mesh's cp axis, 1 without one.
 func cpSize(m dist.Mesh) int {
@@ -28,8 +30,8 @@ func cpSize(m dist.Mesh) int {
 	return 1
 }
 
-// checkCP refuses what context parallelism cannot run yet: the paged KV cache (engine steps
-// and decode over cp shards), one process per rank, and devices other than the CPU.
+// checkCP refuses what context parallelism cannot run yet: one process per rank, and
+// devices other than the CPU.
 func checkCP(opts LoadOptions, device string) error {
 	cp := cpSize(opts.Mesh)
 	switch {
@@ -37,8 +39,6 @@ func checkCP(opts LoadOptions, device string) error {
 		return nil
 	case device != "cpu":
 		return fmt.Errorf("mesh %q: context parallelism (cp=%d) runs on the cpu device only; the %s backend has no attention_partial/attention_merge/ring_shift kernels yet", opts.Mesh, cp, device)
-	case !opts.WholeSequences:
-		return fmt.Errorf("mesh %q: context parallelism (cp=%d) runs whole-sequence graphs only (LoadOptions.WholeSequences); prefill and decode on the paged KV cache over cp shards are not built yet", opts.Mesh, cp)
 	case opts.Process != nil:
 		return fmt.Errorf("mesh %q: context parallelism (cp=%d) runs its ranks in one process only", opts.Mesh, cp)
 	}

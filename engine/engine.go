@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/dist"
 	"github.com/loom-ml/loom/kvcache"
 	"github.com/loom-ml/loom/model"
 	"github.com/loom-ml/loom/sample"
+	"github.com/loom-ml/loom/transform"
 )
 
 // Errors of Submit. Each is wrapped with the request's details; test with errors.Is.
@@ -118,7 +120,12 @@ type Engine struct {
 	info   ModelInfo
 	layout Layout
 	ranks  *rankSet
-	alloc  *kvcache.Allocator
+	// kv hands out the KV cache's blocks: alloc's (every rank shares the block tables), or
+	// with context parallelism cpa's, one allocator per cp index (cp_cache.go), alloc nil.
+	kv    blockAllocator
+	alloc *kvcache.Allocator
+	cp    *cpGroup
+	cpa   *cpAlloc
 	// launchers are the ranks' backend.Launchers when every rank has one (else nil): steps
 	// that sample on the device are then queued and collected apart (see overlap.go).
 	launchers []backend.Launcher
@@ -192,7 +199,7 @@ func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
 			return nil, err
 		}
 	}
-	return NewRanks(ctx, m.Ranks(), modelInfo(m.Model), opts)
+	return newRanks(ctx, m.Ranks(), modelInfo(m.Model), opts, m.Mesh)
 }
 
 // The default KV cache size in device memory: this fraction of the memory free after
@@ -229,6 +236,13 @@ func modelInfo(m *model.Model) ModelInfo {
 // rank's graph must run on the paged KV cache with the same block size; rank 0's logits are
 // the ones sampled.
 func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (*Engine, error) {
+	return newRanks(ctx, ranks, info, opts, dist.Mesh{})
+}
+
+// newRanks is NewRanks on the ranks of mesh; a cp axis of more than one rank makes every cp
+// index keep its own blocks (cp_cache.go), which the graphs must be made for
+// (transform.CPCachedAttention).
+func newRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options, mesh dist.Mesh) (*Engine, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -282,9 +296,32 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 			return nil, fmt.Errorf("engine: a KV cache budget of %d bytes holds no block (one block is %d bytes)", budget, blockBytes)
 		}
 	}
-	alloc, err := kvcache.NewAllocator(blocks, bs)
+	cg, err := newCPGroup(mesh)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if cg != nil && len(cg.index) != len(ranks) {
+		return nil, fmt.Errorf("engine: %d ranks for the mesh %q of %d", len(ranks), mesh, len(cg.index))
+	}
+	for r, rank := range ranks {
+		if has := rank.Graph.Input(transform.CPKVPositionsInput) != nil; has != (cg != nil) {
+			return nil, fmt.Errorf("engine: rank %d's graph %s input %s, but the mesh %q has a cp axis of %d ranks (cp_cached_attention makes the graphs of a cp mesh)",
+				r, map[bool]string{true: "has the", false: "lacks the"}[has], transform.CPKVPositionsInput, mesh, cpSize(mesh))
+		}
+	}
+	var alloc *kvcache.Allocator
+	var kv blockAllocator
+	var cpa *cpAlloc
+	if cg != nil {
+		if cpa, err = newCPAlloc(cg.size, blocks, bs); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		kv = cpa
+	} else {
+		if alloc, err = kvcache.NewAllocator(blocks, bs); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		kv = plainAlloc{alloc}
 	}
 	rs := &rankSet{ranks: ranks}
 	for r, l := range layouts {
@@ -300,11 +337,11 @@ func NewRanks(ctx context.Context, ranks []Rank, info ModelInfo, opts Options) (
 	}
 	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	e := &Engine{
-		opts: opts, log: opts.Logger, info: info, layout: layout, ranks: rs, alloc: alloc,
+		opts: opts, log: opts.Logger, info: info, layout: layout, ranks: rs, kv: kv, alloc: alloc, cp: cg, cpa: cpa,
 		space: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{}),
 		loopCtx: loopCtx, stopLoop: stop,
 	}
-	if layout.LogitRows && !opts.HostSampling {
+	if layout.LogitRows && !opts.HostSampling && cg == nil { // cp steps run their ranks on their own inputs
 		e.launchers = rs.launchers()
 	}
 	e.log.Info("engine started", "model", info.Name, "ranks", len(ranks), "kv_blocks", blocks, "block_size", bs,
@@ -357,9 +394,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	}
 	// The last generated token's keys and values are never computed, so the cache must hold
 	// len(Prompt)+MaxTokens-1 tokens; compared without that sum, which could overflow.
-	if capacity := e.alloc.NumBlocks() * e.alloc.BlockSize(); req.MaxTokens-1 > capacity-len(req.Prompt) {
+	if capacity := e.kv.Capacity(); req.MaxTokens-1 > capacity-len(req.Prompt) {
 		return nil, fmt.Errorf("submit %s: %w: %d prompt tokens + max_tokens %d exceed the KV cache's %d blocks of %d tokens (raise KVCacheBytes or KVBlocks)",
-			reqName(req), ErrRequestTooLarge, len(req.Prompt), req.MaxTokens, e.alloc.NumBlocks(), e.alloc.BlockSize())
+			reqName(req), ErrRequestTooLarge, len(req.Prompt), req.MaxTokens, e.kv.NumBlocks(), e.kv.BlockSize())
 	}
 	sampler, err := sample.New(req.Sampling, req.Prompt)
 	if err != nil {
@@ -383,11 +420,11 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	if !e.opts.QueueOnFull {
 		pending := 0
 		for _, w := range e.waiting {
-			pending += e.alloc.BlocksFor(len(w.tokens))
+			pending += e.kv.BlocksFor(len(w.tokens))
 		}
-		if free := e.alloc.Stats().Free - pending; e.alloc.BlocksFor(len(req.Prompt)) > free {
+		if free := e.kv.Stats().Free - pending; e.kv.BlocksFor(len(req.Prompt)) > free {
 			err := fmt.Errorf("submit %s: %w: the prompt needs %d blocks, %d are free after the %d waiting requests",
-				reqName(req), ErrKVCacheFull, e.alloc.BlocksFor(len(req.Prompt)), max(free, 0), len(e.waiting))
+				reqName(req), ErrKVCacheFull, e.kv.BlocksFor(len(req.Prompt)), max(free, 0), len(e.waiting))
 			e.mu.Unlock()
 			return nil, err
 		}
@@ -513,8 +550,8 @@ func (e *Engine) Stats() Stats {
 	st := e.counters
 	st.Running, st.Waiting = len(e.running), len(e.waiting)+e.held
 	e.mu.Unlock()
-	a := e.alloc.Stats()
-	st.KVBlocksUsed, st.KVBlocks, st.BlockSize = a.Used, a.Blocks, e.alloc.BlockSize()
+	a := e.kv.Stats()
+	st.KVBlocksUsed, st.KVBlocks, st.BlockSize = a.Used, a.Blocks, e.kv.BlockSize()
 	st.StepsTotal = e.steps.Load()
 	e.mu.Lock()
 	st.TimedSteps = st.StepsTotal - e.stepsAtReset
@@ -714,7 +751,7 @@ func (e *Engine) collect(f *flight) {
 	e.counters.StepSeconds += e.lastCollect.Sub(start).Seconds()
 	e.mu.Unlock()
 	e.log.Debug("engine step", "sequences", len(plan), "tokens", tokens, "sampled", sampled, "ahead", f.ahead,
-		"kv_blocks_used", e.alloc.Stats().Used, "elapsed", e.lastCollect.Sub(start), "error", err)
+		"kv_blocks_used", e.kv.Stats().Used, "elapsed", e.lastCollect.Sub(start), "error", err)
 }
 
 // stepResult is what a step gives one sequence: its event and how it ends (FinishNone: it
@@ -760,6 +797,9 @@ func (e *Engine) runStep(plan []stepSeq) (rows [][]float32, err error) {
 			rows, err = nil, fmt.Errorf("panic in step: %v\n%s", p, debug.Stack())
 		}
 	}()
+	if e.cp != nil {
+		return e.runCPStep(plan)
+	}
 	in, err := stepInputs(e.alloc, plan, e.layout.LogitRows)
 	if err != nil {
 		return nil, err
@@ -828,7 +868,7 @@ func (e *Engine) finishLocked(s *sequence, ev Event) {
 	s.finished = true
 	s.stream.push(ev)
 	s.stopWatch()
-	e.alloc.Free(s.id)
+	e.kv.Free(s.id)
 	e.running = slices.DeleteFunc(e.running, func(x *sequence) bool { return x == s })
 	e.waiting = slices.DeleteFunc(e.waiting, func(x *sequence) bool { return x == s })
 	e.roomLocked() // a slot, and perhaps room in the queue

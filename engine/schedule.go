@@ -56,12 +56,12 @@ func (e *Engine) schedule() (plan []stepSeq, exit bool) {
 		}
 		n := min(len(s.tokens)-s.computed, budget)
 		for {
-			if e.alloc.Reserve(s.id, s.computed+n) == nil {
+			if e.kv.Reserve(s.id, s.computed+n) == nil {
 				add(s, n)
 				break
 			}
 			// Shrink a prompt chunk to the slots its blocks and the free blocks hold.
-			fit := (len(e.alloc.Blocks(s.id))+e.alloc.Stats().Free)*e.alloc.BlockSize() - s.computed
+			fit := fitTokens(e.kv, s.id, s.computed, s.computed+n) - s.computed
 			if fit > 0 && fit < n {
 				n = fit
 				continue
@@ -81,11 +81,11 @@ func (e *Engine) schedule() (plan []stepSeq, exit bool) {
 	}
 	for len(e.waiting) > 0 && len(e.running) < e.opts.MaxBatch && budget > 0 {
 		s := e.waiting[0]
-		if !e.alloc.CanReserve(s.id, len(s.tokens)) {
+		if !e.kv.CanReserve(s.id, len(s.tokens)) {
 			break // first come, first served: wait for blocks
 		}
 		n := min(len(s.tokens)-s.computed, budget)
-		if err := e.alloc.Reserve(s.id, s.computed+n); err != nil {
+		if err := e.kv.Reserve(s.id, s.computed+n); err != nil {
 			break
 		}
 		e.waiting = e.waiting[1:]
@@ -103,10 +103,10 @@ func (e *Engine) schedule() (plan []stepSeq, exit bool) {
 // preemptLocked frees a running sequence's blocks and puts it back at the front of the
 // queue, to be recomputed from its first token. The caller holds e.mu.
 func (e *Engine) preemptLocked(s *sequence) {
-	e.alloc.Free(s.id)
+	e.kv.Free(s.id)
 	s.computed = 0
 	e.running = slices.DeleteFunc(e.running, func(x *sequence) bool { return x == s })
 	e.waiting = slices.Insert(e.waiting, 0, s)
 	e.counters.PreemptionsTotal++
-	e.log.Debug("request preempted", "id", s.req.ID, "tokens", len(s.tokens), "kv_blocks_free", e.alloc.Stats().Free)
+	e.log.Debug("request preempted", "id", s.req.ID, "tokens", len(s.tokens), "kv_blocks_free", e.kv.Stats().Free)
 }
