@@ -3,6 +3,7 @@ package cuda
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -30,8 +31,10 @@ const (
 	moeWarps      = 8
 )
 
-// moePath forces the expert kernels in tests: "gemv" or "mma"; "" lets moeUseMMA choose.
-var moePath string
+// moePath forces the expert kernels: "gemv" or "mma"; "" lets moeUseMMA choose. The tests
+// set it; LOOM_CUDA_MOE_PATH sets it for a process (for measuring one path against the
+// other).
+var moePath = os.Getenv("LOOM_CUDA_MOE_PATH")
 
 func init() {
 	opKernels["moe"] = &opKernel{
@@ -220,7 +223,7 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 		return nil
 	}
 	k := a.TopK
-	if int64(T)*int64(k) > 1<<30 || int64(T)*int64(max(H, I, E)) > 1<<40 {
+	if int64(T)*int64(k) > 1<<30 || int64(T)*int64((H+255)/256) > 1<<31-1 {
 		return fmt.Errorf("cuda: moe: %d tokens are too many", T)
 	}
 	prod, err := graph.Promote(x.DType, a.WeightDType)
@@ -323,7 +326,7 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 	}
 
 	// 4. The weighted combine.
-	return launch("moe_combine_"+xn, cubind.Dim3{X: T, Y: 1, Z: 1}, 256, 0, func(g *cubind.Args) {
+	return launch("moe_combine_"+xn, cubind.Dim3{X: T * ((H + 255) / 256), Y: 1, Z: 1}, 256, 0, func(g *cubind.Args) {
 		g.Ptr(out.ptr).Ptr(y).Ptr(ids).Ptr(wts).Ptr(pos).I32(int32(H)).I32(int32(k)).I32(pround)
 	})
 }

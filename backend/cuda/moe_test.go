@@ -179,9 +179,10 @@ func TestMoEMatchesCPU(t *testing.T) {
 			if path == "mma" && c.act != tensor.BF16 {
 				continue
 			}
+			prev := moePath
 			moePath = path
 			got := runOp(t, d, "moe", c.attrs(), in...)[0]
-			moePath = ""
+			moePath = prev
 			name := fmt.Sprintf("%v path=%q", c, path)
 			compare(t, "moe", name, got, want, moeTol(c.act, scale))
 			same, zeros := 0, 0

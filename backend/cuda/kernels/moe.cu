@@ -21,7 +21,7 @@
 //     chunk of MT of the expert's tokens, as gemv.cu streams them), or, for bf16 x and
 //     weights and many tokens per expert, the tensor-core GEMM (moe_mma_*: mma.sync
 //     m16n8k16 bf16, tiles of 64 grouped rows by 64 outputs, cp.async double buffering);
-//  4. moe_combine: per token, its experts' rows of y in expert order: each product
+//  4. moe_combine: per token and output element, its experts' rows of y in expert order: each product
 //     y·weight rounded to promote(x, weight_dtype) then to x's dtype, added rounding to x's
 //     dtype after each add; 0 for a token that chose no local expert.
 //
@@ -301,13 +301,18 @@ __device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int*
       wts[(i64)t * k + lane] = moe_round(val, wround);
     }
   }
-  // The last block to get here groups the assignments of all tokens.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
+  // The last block to get here groups the assignments of all tokens (a lone block needs
+  // no counter).
+  if (gridDim.x > 1) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+  } else {
+    __syncthreads();
+  }
   const i64 A = (i64)T * k;
   for (int e = threadIdx.x; e < L; e += blockDim.x) cnt[e] = cur[e] = 0;
   __syncthreads();
@@ -364,7 +369,7 @@ __device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int*
   if (threadIdx.x == 0) {
     mm.hdr[0] = s_active;
     mm.hdr[1] = s_tiles;
-    *counter = 0u;
+    if (gridDim.x > 1) *counter = 0u;
   }
 }
 
@@ -432,44 +437,48 @@ __device__ __forceinline__ void moe_down_impl(typename X::T* y, const typename X
 }
 
 // moe_combine: out[t] = the sum in expert order of t's products y[pos]·weight (see the file
-// comment). Grid T, block 256; pround codes promote(x, weight_dtype) as moe_round does.
+// comment). Grid T * ceil(H / blockDim.x), one output element per thread; pround codes
+// promote(x, weight_dtype) as moe_round does. The token's entries are read by k threads at
+// once and put in expert order by rank (ids are distinct), and each thread loads its k
+// values of y before it adds them, so that the loads overlap.
 template <class X>
 __device__ __forceinline__ void moe_combine_impl(typename X::T* out, const typename X::T* y, const int* ids,
                                                  const float* wts, const int* pos, int H, int k, int pround) {
-  __shared__ int sp[MOE_MAX_K], se[MOE_MAX_K];
-  __shared__ float sw[MOE_MAX_K];
-  __shared__ int sn;
+  __shared__ int re[MOE_MAX_K], rp[MOE_MAX_K], sp[MOE_MAX_K];
+  __shared__ float rw[MOE_MAX_K], sw[MOE_MAX_K];
   pdl_begin();
-  const i64 t = blockIdx.x;
-  if (threadIdx.x == 0) {  // the token's local experts, in expert order (insertion sort)
-    int n = 0;
-    for (int j = 0; j < k; ++j) {
-      const int p = pos[t * k + j];
-      if (p < 0) continue;
-      const int e = ids[t * k + j];
-      const float w = wts[t * k + j];
-      int i = n++;
-      for (; i > 0 && se[i - 1] > e; --i) {
-        se[i] = se[i - 1];
-        sp[i] = sp[i - 1];
-        sw[i] = sw[i - 1];
-      }
-      se[i] = e;
-      sp[i] = p;
-      sw[i] = w;
-    }
-    sn = n;
+  const int hb = (H + blockDim.x - 1) / blockDim.x;
+  const i64 t = blockIdx.x / hb;
+  const int c = (blockIdx.x % hb) * blockDim.x + threadIdx.x, j = threadIdx.x;
+  if (j < k) {
+    const int p = pos[t * k + j];
+    re[j] = p < 0 ? 0x7fffffff : ids[t * k + j];
+    rp[j] = p;
+    rw[j] = wts[t * k + j];
   }
   __syncthreads();
-  const int n = sn;
-  for (int c = threadIdx.x; c < H; c += blockDim.x) {
-    float acc = 0.f;
-    for (int i = 0; i < n; ++i) {
-      const float p = X::round(moe_round(X::load(y, (i64)sp[i] * H + c) * sw[i], pround));
+  int n = 0;
+  for (int i = 0; i < k; ++i) n += re[i] != 0x7fffffff;
+  if (j < k && re[j] != 0x7fffffff) {
+    int rank = 0;
+    for (int i = 0; i < k; ++i) rank += re[i] < re[j];
+    sp[rank] = rp[j];
+    sw[rank] = rw[j];
+  }
+  __syncthreads();
+  if (c >= H) return;
+  float v[MOE_MAX_K];
+#pragma unroll
+  for (int i = 0; i < MOE_MAX_K; ++i)
+    if (i < n) v[i] = X::load(y, (i64)sp[i] * H + c);
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < MOE_MAX_K; ++i)
+    if (i < n) {
+      const float p = X::round(moe_round(v[i] * sw[i], pround));
       acc = i == 0 ? p : X::round(acc + p);
     }
-    X::store(out, t * H + c, acc);
-  }
+  X::store(out, t * H + c, acc);
 }
 
 // ---- Tensor cores (bf16 x and weights) ----
