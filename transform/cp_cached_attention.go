@@ -42,8 +42,9 @@ group (ring_shift), each rank merging its partial result in (attention_merge), a
 shift brings the merged result home; all_to_all gathers every rank's queries (all_gather),
 attends them all over the rank's keys and returns each block of partial results to its rank
 (all_to_all), which merges the N blocks. Decode and prefill chunks alike run this way. The
-collectives name the cp axis. Skipped without a cp axis of more than one rank; an error
-after fuse_attention_transpose (token-major output). Matches counts the attention ops
+collectives name the cp axis. Skipped without a cp axis of more than one rank and on
+graphs without the paged cache (whole sequences: rewrite_cp_attention's); an error after
+fuse_attention_transpose (token-major output). Matches counts the attention ops
 rewritten.`,
 	Config: CPCachedAttentionConfig{},
 	After: []Dep{
@@ -60,8 +61,8 @@ func runCPCachedAttention(_ context.Context, c *Context, g *graph.Graph, cfg CPC
 	if err != nil {
 		return Info{}, err
 	}
-	if cp <= 1 {
-		return Info{Skipped: true}, nil
+	if cp <= 1 || g.Input(SlotMappingInput) == nil {
+		return Info{Skipped: true}, nil // no cp, or a whole-sequence graph (rewrite_cp_attention's)
 	}
 	strategy := cfg.Strategy
 	if strategy == "" {
