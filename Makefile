@@ -5,10 +5,10 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
 .PHONY: build test lint bench gpu-test fuzz
 
-# GOEXPERIMENT=simd turns on the AVX2/FMA kernels of backend/cpu (Go 1.26 simd/archsimd);
-# without it the portable kernels run.
+# A plain build: backend/cpu's vector kernels are Go assembly, chosen at run time by CPU
+# feature detection (LOOM_CPU_KERNELS forces a set; -tags purego leaves the portable ones).
 build:
-	CGO_ENABLED=0 GOEXPERIMENT=simd $(GO) build -o loom ./cmd/loom
+	CGO_ENABLED=0 $(GO) build -o loom ./cmd/loom
 
 test:
 	$(GO) test ./...
@@ -20,7 +20,7 @@ lint:
 	$(STATICCHECK) ./...
 
 bench:
-	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 # GPU tests skip themselves where no GPU is found; with LOOM_REQUIRE_GPU=1 (internal/gputest) a
 # missing GPU, or fewer GPUs than a test needs, fails instead. The machine needs 2 GPUs for the

@@ -81,8 +81,8 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 }
 
 // groupBF16 and groupF32 compute the outputs of a group of up to four weight rows (see
-// gemmGroupBF16); builds with GOEXPERIMENT=simd replace them with AVX2 kernels when the CPU
-// has AVX2 and FMA (fast_linear_simd.go).
+// gemmGroupBF16): those of the kernel set in use (kernels.go), the portable ones below or the
+// assembly of kernels_amd64.s.
 var (
 	groupBF16 = gemmGroupBF16
 	groupF32  = gemmGroupF32

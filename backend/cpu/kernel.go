@@ -14,8 +14,9 @@
 // cover linear, matmul and the fused ops rmsnorm, add_rmsnorm, rope, repeat_kv, sdpa, swiglu
 // and moe (only the experts each token chose, grouped by expert). They split
 // their work over a shared pool of GOMAXPROCS workers and keep bf16 weights as bf16, widening
-// them inside the kernel. Built with GOEXPERIMENT=simd on amd64, linear uses AVX2/FMA
-// kernels when the CPU has them (fast_linear_simd.go); otherwise portable Go.
+// them inside the kernel. Linear's dot products run on the kernel set chosen at start-up by
+// CPU feature detection (kernels.go): Go assembly for AVX2/FMA on amd64 in every build
+// (kernels_amd64.s), portable Go elsewhere; LOOM_CPU_KERNELS forces a set.
 package cpu
 
 import (

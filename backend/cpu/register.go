@@ -42,6 +42,7 @@ func (cpuBackend) Deploy(ctx context.Context, s backend.Spec) (*backend.Deployme
 	if len(s.Graphs) == 0 {
 		return nil, errors.New("cpu: deploy: no graph")
 	}
+	logKernelSet()
 	var progs []*Program
 	if n > 1 {
 		var err error

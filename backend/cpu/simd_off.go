@@ -2,6 +2,7 @@
 
 package cpu
 
-// clearVectorState is a no-op without the AVX kernels of GOEXPERIMENT=simd builds (see
-// fast_linear_simd.go): nothing here dirties the upper halves of the vector registers.
+// clearVectorState is a no-op outside GOEXPERIMENT=simd builds (see fast_linear_simd.go):
+// the assembly kernels run VZEROUPPER before they return, and the runtime does not restore
+// the upper halves of the vector registers.
 func clearVectorState() {}

@@ -1,0 +1,129 @@
+package cpu
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+)
+
+// Kernel sets: the implementations of linear's group kernels (groupBF16, groupF32) that this
+// build and this CPU can run, chosen once at start-up by CPU feature detection:
+//
+//	portable  the Go loops of fast_linear.go: one accumulator per output, k order, the
+//	          reference kernels' bits on amd64 (no fused multiply-add)
+//	avx2      Go assembly (kernels_amd64.s) for CPUs with AVX2 and FMA: eight lanes per
+//	          output, fused multiply-adds; in every amd64 build, GOEXPERIMENT=simd or not
+//	          (not with the purego tag)
+//
+// The best set the CPU supports runs unless LOOM_CPU_KERNELS names another; a name this
+// build lacks or this CPU cannot run is reported and the default runs instead. The first
+// backend start logs the set in use (logKernelSet).
+type kernelSet struct {
+	name      string
+	groupBF16 func(res, xs []float32, rows [][]uint16, M, N, K, j int)
+	groupF32  func(res, xs []float32, rows [][]float32, M, N, K, j int)
+	// features names the CPU features the set needs (for the log line).
+	features string
+}
+
+// kernelEnv names the environment variable that forces a kernel set.
+const kernelEnv = "LOOM_CPU_KERNELS"
+
+var portableKernels = kernelSet{name: "portable", groupBF16: gemmGroupBF16, groupF32: gemmGroupF32}
+
+// kernelSets lists the sets this build has and this CPU supports, best first: the
+// platform's (platformKernels) and then the portable one.
+var kernelSets []kernelSet
+
+// kernelNotes holds why a set of this build was left out (for the log line).
+var kernelNotes []string
+
+func init() {
+	kernelSets = append(platformKernels(), portableKernels)
+	selectKernels()
+}
+
+// activeKernels is the set linear runs (see useKernelSet); forcedNote says why a forced
+// name was not honoured, if it was not.
+var (
+	activeKernels = portableKernels
+	forcedNote    string
+)
+
+// selectKernels picks the set: LOOM_CPU_KERNELS if it names a listed set, else the best.
+func selectKernels() {
+	want := strings.TrimSpace(os.Getenv(kernelEnv))
+	if want != "" {
+		if s, ok := kernelSetNamed(want); ok {
+			useKernelSet(s)
+			return
+		}
+		forcedNote = want + " is not available on this build and CPU"
+	}
+	useKernelSet(kernelSets[0])
+}
+
+// kernelSetNamed returns the listed set called name.
+func kernelSetNamed(name string) (kernelSet, bool) {
+	for _, s := range kernelSets {
+		if s.name == name {
+			return s, true
+		}
+	}
+	return kernelSet{}, false
+}
+
+// useKernelSet makes s the set that linear runs. Not safe while kernels run: tests switch
+// sets between runs.
+func useKernelSet(s kernelSet) {
+	activeKernels = s
+	groupBF16, groupF32 = s.groupBF16, s.groupF32
+}
+
+var logKernelsOnce sync.Once
+
+// logKernelSet logs, once per process, the kernel set in use and the sets available.
+func logKernelSet() {
+	logKernelsOnce.Do(func() {
+		names := make([]string, len(kernelSets))
+		for i, s := range kernelSets {
+			names[i] = s.name
+		}
+		args := []any{"set", activeKernels.name, "available", strings.Join(names, ",")}
+		if activeKernels.features != "" {
+			args = append(args, "features", activeKernels.features)
+		}
+		if forcedNote != "" {
+			args = append(args, kernelEnv, forcedNote)
+		}
+		if len(kernelNotes) > 0 {
+			args = append(args, "note", strings.Join(kernelNotes, "; "))
+		}
+		slog.Info("cpu: kernels", args...)
+	})
+}
+
+// simdLanes holds the eight lanes of up to eight accumulators.
+type simdLanes = [8][8]float32
+
+// simdHsum adds the eight lanes of an accumulator, pairwise.
+func simdHsum(a *[8]float32) float32 {
+	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+}
+
+// readHalfGo folds the elements of h four at a time: the portable read-bandwidth probe.
+func readHalfGo(h []uint16) uint64 {
+	var s0, s1, s2, s3 uint64
+	i := 0
+	for ; i+4 <= len(h); i += 4 {
+		s0 ^= uint64(h[i])
+		s1 ^= uint64(h[i+1])
+		s2 ^= uint64(h[i+2])
+		s3 ^= uint64(h[i+3])
+	}
+	for ; i < len(h); i++ {
+		s0 ^= uint64(h[i])
+	}
+	return s0 ^ s1 ^ s2 ^ s3
+}

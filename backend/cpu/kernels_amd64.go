@@ -1,0 +1,186 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// The avx2 kernel set: linear's group kernels with the Go assembly micro-kernels of
+// kernels_amd64.s, for CPUs with AVX2 and FMA, in every amd64 build. The blocking is that
+// of the portable kernels (a group of up to four weight rows meets four rows of x at a
+// time); each output keeps one eight-lane accumulator of fused multiply-adds over the first
+// K&^7 elements, its lanes added pairwise, then the last K%8 products in order. Each output
+// is computed the same way whichever kernel computes it, so the results do not depend on
+// the split over workers or on the batch; they differ from the reference kernel's in
+// rounding only (and equal the bits of the simd/archsimd kernels that GOEXPERIMENT=simd
+// builds ran before session 8).
+
+// hasAVX2FMA reports whether the CPU has AVX2 and FMA (and the OS saves the YMM registers:
+// x/sys/cpu checks that).
+var hasAVX2FMA = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+var avx2Kernels = kernelSet{name: "avx2", groupBF16: avx2GroupBF16, groupF32: avx2GroupF32, features: "avx2,fma"}
+
+// platformKernels lists the kernel sets of this build besides the portable one, best first.
+func platformKernels() []kernelSet {
+	var sets []kernelSet
+	if hasAVX2FMA {
+		sets = append(sets, avx2Kernels)
+	} else {
+		kernelNotes = append(kernelNotes, "avx2 needs AVX2 and FMA")
+	}
+	if cpu.X86.HasAVX512F {
+		kernelNotes = append(kernelNotes, "no AVX-512 kernels yet: avx2 runs")
+	}
+	return sets
+}
+
+// The micro-kernels (kernels_amd64.s): n is a multiple of 8; acc receives one eight-lane
+// accumulator per output (see simdLanes). The 1x4 kernels prefetch from address pf on, as
+// many bytes as their four rows hold (prefetches do not fault: pf may be any address).
+
+//go:noescape
+func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+
+//go:noescape
+func avx2BF16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+
+//go:noescape
+func avx2BF16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, acc *simdLanes)
+
+//go:noescape
+func avx2BF16x1x1(x, w unsafe.Pointer, n int, acc *simdLanes)
+
+//go:noescape
+func avx2F32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+
+//go:noescape
+func avx2F32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+
+//go:noescape
+func avx2F32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, acc *simdLanes)
+
+//go:noescape
+func avx2F32x1x1(x, w unsafe.Pointer, n int, acc *simdLanes)
+
+// avx2ReadBytes reads n bytes at p (n a multiple of 128) with 32-byte loads and returns
+// their xor folded to 64 bits: the read-bandwidth probe of the benchmarks.
+//
+//go:noescape
+func avx2ReadBytes(p unsafe.Pointer, n int) uint64
+
+// purego reports whether the purego build tag is set (it is not in this file's builds).
+const purego = false
+
+// readHalf reads every element of h as fast as the CPU can and returns a fold of them (the
+// read-bandwidth probe): 32-byte loads where the CPU has AVX2.
+func readHalf(h []uint16) uint64 {
+	n := len(h) &^ 63
+	var s uint64
+	if hasAVX2FMA && n > 0 {
+		s = avx2ReadBytes(unsafe.Pointer(unsafe.SliceData(h)), 2*n)
+	} else {
+		n = 0
+	}
+	return s ^ readHalfGo(h[n:])
+}
+
+// avx2GroupBF16 is gemmGroupBF16 with the AVX2 micro-kernels.
+func avx2GroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
+	var wp [4]unsafe.Pointer
+	for r, row := range rows {
+		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
+	}
+	kv := K &^ 7
+	avx2Group(res, xs, wp[:len(rows)], true, M, N, K, j, func(x []float32, r int) (s float32) {
+		w := rows[r][kv:K]
+		for k, v := range x {
+			s += v * bf16(w[k])
+		}
+		return s
+	})
+}
+
+// avx2GroupF32 is gemmGroupF32 with the AVX2 micro-kernels.
+func avx2GroupF32(res, xs []float32, rows [][]float32, M, N, K, j int) {
+	var wp [4]unsafe.Pointer
+	for r, row := range rows {
+		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
+	}
+	kv := K &^ 7
+	avx2Group(res, xs, wp[:len(rows)], false, M, N, K, j, func(x []float32, r int) (s float32) {
+		w := rows[r][kv:K]
+		for k, v := range x {
+			s += v * w[k]
+		}
+		return s
+	})
+}
+
+// avx2Group computes res[m*N+j+r] = x[m,:]·w_r for every row m of xs [M,K] and the weight
+// rows at wp (K > 0 elements each, bf16 when half, else float32): micro-kernels over the
+// first K&^7 elements, then tail(x[m, K&^7:], r) for the rest. The micro-kernels are called
+// directly, not through function values, so that acc stays on the stack.
+func avx2Group(res, xs []float32, wp []unsafe.Pointer, half bool, M, N, K, j int, tail func(x []float32, r int) float32) {
+	kv := K &^ 7
+	// next is where the rows after this group's start, if the rows are contiguous (the
+	// weight matrix's): the 1x4 kernels prefetch from there.
+	size := uintptr(4)
+	if half {
+		size = 2
+	}
+	next := uintptr(wp[len(wp)-1]) + uintptr(K)*size
+	xs = xs[:M*K]
+	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
+	put := func(m, r int, a *[8]float32) { res[m*N+j+r] = simdHsum(a) + tail(xs[m*K+kv:(m+1)*K], r) }
+	var acc simdLanes
+	m := 0
+	for ; m+4 <= M; m += 4 {
+		r := 0
+		for ; r+2 <= len(wp); r += 2 {
+			if half {
+				avx2BF16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+			} else {
+				avx2F32x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+			}
+			for i := range 4 {
+				put(m+i, r, &acc[i])
+				put(m+i, r+1, &acc[4+i])
+			}
+		}
+		if r < len(wp) {
+			if half {
+				avx2BF16x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+			} else {
+				avx2F32x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+			}
+			for i := range 4 {
+				put(m+i, r, &acc[i])
+			}
+		}
+	}
+	for ; m < M; m++ {
+		if len(wp) == 4 {
+			if half {
+				avx2BF16x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], next, kv, &acc)
+			} else {
+				avx2F32x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], next, kv, &acc)
+			}
+			for r := range 4 {
+				put(m, r, &acc[r])
+			}
+			continue
+		}
+		for r := range wp {
+			if half {
+				avx2BF16x1x1(xp(m), wp[r], kv, &acc)
+			} else {
+				avx2F32x1x1(xp(m), wp[r], kv, &acc)
+			}
+			put(m, r, &acc[0])
+		}
+	}
+}

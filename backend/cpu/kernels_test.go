@@ -1,0 +1,255 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// withKernelSet runs f with s as linear's kernel set, then restores the set that was active.
+func withKernelSet(s kernelSet, f func()) {
+	prev := activeKernels
+	useKernelSet(s)
+	defer useKernelSet(prev)
+	f()
+}
+
+// TestKernelSets runs the fast-kernel and MoE tests on every kernel set this build and CPU
+// support (each against the reference kernels, within the tolerances of TestFastKernels), so
+// that one test run covers them all, whichever set is the default.
+func TestKernelSets(t *testing.T) {
+	for _, s := range kernelSets {
+		t.Run(s.name, func(t *testing.T) {
+			withKernelSet(s, func() {
+				t.Run("FastKernels", TestFastKernels)
+				t.Run("FastKernelsDeterministic", TestFastKernelsDeterministic)
+				t.Run("FastMoE", TestFastMoE)
+				t.Run("MoEAllToAllKernels", TestMoEAllToAllKernels)
+			})
+		})
+	}
+}
+
+// linearInputs returns x f32[M,K] and w [N,K] of dtype dw with values in [-1, 1).
+func linearInputs(rng *rand.Rand, M, N, K int, dw tensor.DType) (*tensor.Tensor, *tensor.Tensor) {
+	return randTensor(rng, tensor.F32, []int{M, K}, -1, 1), randTensor(rng, dw, []int{N, K}, -1, 1)
+}
+
+// linearShapes are the shapes of the bit-level kernel tests: M below, at and above the
+// four-row block, K below, at and off the multiples of 8 and 16, N off the group of four.
+var linearShapes = [][3]int{{1, 1, 1}, {1, 5, 7}, {1, 4, 8}, {1, 9, 16}, {2, 7, 24}, {4, 6, 40}, {5, 13, 67}, {9, 11, 129}, {1, 64, 896}, {6, 33, 300}}
+
+// TestPortableKernelsExact holds the portable set to its contract on amd64: linear gives the
+// reference kernel's bits (one accumulator per output in k order, no fused multiply-add).
+func TestPortableKernelsExact(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the Go compiler may fuse multiply-adds on " + runtime.GOARCH)
+	}
+	rng := rand.New(rand.NewPCG(81, 82))
+	ref, _ := Reference("linear")
+	withKernelSet(portableKernels, func() {
+		for _, dw := range []tensor.DType{tensor.BF16, tensor.F32} {
+			for _, sh := range linearShapes {
+				x, w := linearInputs(rng, sh[0], sh[1], sh[2], dw)
+				want := runLinear(t, ref, x, w)
+				got := runLinear(t, fastLinear, x, w)
+				if i := firstF32BitDiff(got, want); i >= 0 {
+					t.Errorf("%s %v: element %d is %v, the reference kernel's %v", dw, sh, i, got[i], want[i])
+				}
+			}
+		}
+	})
+}
+
+// TestKernelSetsAgree holds every vector set to the arithmetic described in kernels_amd64.go:
+// each output is an eight-lane fused multiply-add accumulator over the first K&^7 elements,
+// lanes added pairwise, then the tail in order; computed here in scalar Go (math.FMA), so
+// every set must give exactly these bits, whatever the blocking, the batch or the split.
+func TestKernelSetsAgree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(83, 84))
+	for _, s := range kernelSets {
+		if s.name == "portable" {
+			continue
+		}
+		t.Run(s.name, func(t *testing.T) {
+			withKernelSet(s, func() {
+				for _, dw := range []tensor.DType{tensor.BF16, tensor.F32} {
+					for _, sh := range linearShapes {
+						M, N, K := sh[0], sh[1], sh[2]
+						x, w := linearInputs(rng, M, N, K, dw)
+						want := lanesLinear(x, w, M, N, K)
+						got := runLinear(t, fastLinear, x, w)
+						if i := firstF32BitDiff(got, want); i >= 0 {
+							t.Errorf("%s %v: element %d is %v, the eight-lane model's %v", dw, sh, i, got[i], want[i])
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// lanesLinear is the vector sets' arithmetic in scalar Go (see TestKernelSetsAgree).
+func lanesLinear(x, w *tensor.Tensor, M, N, K int) []float32 {
+	wf := make([]float32, N*K)
+	widen(wf, w, 0)
+	res := make([]float32, M*N)
+	kv := K &^ 7
+	for m := range M {
+		xr := x.F32[m*K : (m+1)*K]
+		for j := range N {
+			wr := wf[j*K : (j+1)*K]
+			var a [8]float32
+			for k := 0; k < kv; k++ {
+				a[k%8] = float32(math.FMA(float64(xr[k]), float64(wr[k]), float64(a[k%8])))
+			}
+			var tail float32
+			for k := kv; k < K; k++ {
+				tail += xr[k] * wr[k]
+			}
+			res[m*N+j] = simdHsum(&a) + tail
+		}
+	}
+	return res
+}
+
+// runLinear runs a linear kernel on x, w and returns the f32 output.
+func runLinear(t testing.TB, k Kernel, x, w *tensor.Tensor) []float32 {
+	t.Helper()
+	n, outs := nodeFor(t, "linear", nil, []*tensor.Tensor{x, w})
+	res, err := runKernel(k, n, []*tensor.Tensor{x, w}, outs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[0].F32
+}
+
+// firstF32BitDiff returns the first index where a and b hold other float32 bits, or -1.
+func firstF32BitDiff(a, b []float32) int {
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// TestKernelSetForced checks LOOM_CPU_KERNELS: a listed set runs when named; an unknown name
+// leaves the default (the first listed) and is reported.
+func TestKernelSetForced(t *testing.T) {
+	prev, prevNote := activeKernels, forcedNote
+	defer func() { useKernelSet(prev); forcedNote = prevNote }()
+	for _, s := range kernelSets {
+		t.Setenv(kernelEnv, s.name)
+		forcedNote = ""
+		selectKernels()
+		if activeKernels.name != s.name || forcedNote != "" {
+			t.Errorf("%s=%s: set %q (note %q)", kernelEnv, s.name, activeKernels.name, forcedNote)
+		}
+	}
+	t.Setenv(kernelEnv, "no-such-set")
+	forcedNote = ""
+	selectKernels()
+	if activeKernels.name != kernelSets[0].name || forcedNote == "" {
+		t.Errorf("%s=no-such-set: set %q (note %q), want the default %q and a note", kernelEnv, activeKernels.name, forcedNote, kernelSets[0].name)
+	}
+	if kernelSets[len(kernelSets)-1].name != "portable" {
+		t.Errorf("sets %v: the portable set should come last", kernelSetNames())
+	}
+}
+
+// TestKernelSetsDetected holds the list of sets to the CPU: on amd64 with AVX2 and FMA (as
+// /proc/cpuinfo reports them) the assembly set is there and the default, unless the purego
+// tag is set.
+func TestKernelSetsDetected(t *testing.T) {
+	flags := cpuinfoFlags(t)
+	if runtime.GOARCH != "amd64" || flags == nil {
+		t.Skipf("sets %v", kernelSetNames())
+	}
+	names := kernelSetNames()
+	if flags["avx2"] && flags["fma"] && !purego {
+		if names[0] != "avx2" {
+			t.Errorf("sets %v on a CPU with AVX2 and FMA: want avx2 first", names)
+		}
+	} else if slices.Contains(names, "avx2") {
+		t.Errorf("sets %v: avx2 listed on a CPU without AVX2 and FMA (or in a purego build)", names)
+	}
+	t.Logf("sets %v, default %s", names, kernelSets[0].name)
+}
+
+func kernelSetNames() []string {
+	var names []string
+	for _, s := range kernelSets {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// BenchmarkLinearKernelSets runs linear on Qwen2.5-0.5B's decode shapes (one token, bf16
+// weights) on every kernel set, next to a read of the same number of bytes from memory
+// (readBytes: the bandwidth floor); "x-floor" is each variant's time over the read's.
+func BenchmarkLinearKernelSets(b *testing.B) {
+	rng := rand.New(rand.NewPCG(85, 86))
+	for _, sh := range []struct {
+		name string
+		N, K int
+	}{{"qkv", 1152, 896}, {"gate_up", 9728, 896}, {"down", 896, 4864}, {"lm_head", 151936, 896}} {
+		b.Run(sh.name, func(b *testing.B) {
+			x := randF32(rng, 1, sh.K)
+			w := randBF16(rng, sh.N, sh.K)
+			bytes := int64(sh.N * sh.K * 2)
+			names := []string{"read"}
+			fns := []func() error{func() error { readBytes(w.Half); return nil }}
+			for _, s := range kernelSets {
+				names = append(names, s.name)
+				f := kernelFn(b, fastLinear, "linear", nil, x, w)
+				fns = append(fns, func() error {
+					var err error
+					withKernelSet(s, func() { err = f() })
+					return err
+				})
+			}
+			benchVariants(b, bytes, names, fns)
+		})
+	}
+}
+
+// readBytes reads every element of h over the worker pool (see readHalf), as fast as the
+// CPU can: the memory-read floor of a kernel that reads h once.
+func readBytes(h []uint16) {
+	parallel(len(h), max(len(h)/(4*runtime.GOMAXPROCS(0)), 1<<16), func(lo, hi int) {
+		readHalf(h[lo:hi])
+	})
+}
+
+// cpuinfoFlags returns the flags of the first processor in /proc/cpuinfo, or nil where
+// there is no such file.
+func cpuinfoFlags(t *testing.T) map[string]bool {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Logf("no /proc/cpuinfo (%v): CPU features as archsimd detects them", err)
+		return nil
+	}
+	for line := range strings.Lines(string(data)) {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(key) != "flags" {
+			continue
+		}
+		flags := map[string]bool{}
+		for _, f := range strings.Fields(val) {
+			flags[f] = true
+		}
+		return flags
+	}
+	t.Log("/proc/cpuinfo has no flags line: CPU features as archsimd detects them")
+	return nil
+}
