@@ -54,6 +54,18 @@
 // CPU's reference kernels do and are there so that fused ops can run as their
 // decompositions (see below), not for speed.
 //
+// The fused mixture-of-experts block (graph op moe: moe.go, kernels/moe.cu) runs without a
+// host round trip, so decode steps with it are captured in CUDA graphs: router logits (a GEMV,
+// or cuBLAS for many bf16 tokens), routing (softmax, top-k, renormalisation) one warp per
+// token with the last block grouping the assignments by local expert (counts, offsets, the
+// active experts, tensor-core tiles), the experts on their own tokens only (a grouped GEMV
+// over active-expert slots, blocks of slots without an expert exiting at once; a tensor-core
+// grouped GEMM, mma.sync on bf16, above 8 rows per active expert), and the combine in expert
+// order with the CPU kernel's roundings (bf16 results match backend/cpu's fastMoE bit for bit
+// but for an element in thousands; f32 ones to the order of the f32 sums). Nodes it does not
+// take (f16 operands, sizes not multiples of 8, more than 1024 experts, top_k above 32) run as
+// the decomposition, with the reason logged (opKernel.supports).
+//
 // Kernels round where the graph op's decomposition rounds, so f32 results match the CPU
 // backend to the last bits and bf16 results to one bf16 ulp; attention differs from the
 // decomposition only in never rounding probabilities to bf16.
