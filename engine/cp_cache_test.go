@@ -76,11 +76,18 @@ func checkCPBlocksFree(t *testing.T, e *Engine) {
 // cpCachedCases is the test matrix of the cached engine with context parallelism: every
 // mesh and strategy on tiny-llama (GQA) and tiny-mistral (a sliding window of 8, which
 // the ranks' keys cross), and cp=2 ring on every other fixture (MoE included). In -short
-// mode and under the race detector, tiny-llama's matrix and cp=2 ring on tiny-qwen3.
+// mode, tiny-llama's matrix and cp=2 ring on tiny-qwen3; under the race detector (ten times
+// slower), every mesh once on tiny-llama, both strategies among them.
 func cpCachedCases() (cases []struct{ name, mesh, strategy string }) {
+	if raceEnabled {
+		return []struct{ name, mesh, strategy string }{
+			{"tiny-llama", "cp=2", "ring"}, {"tiny-llama", "cp=4", "all_to_all"},
+			{"tiny-llama", "tp=2,cp=2", "all_to_all"}, {"tiny-llama", "dp=2,cp=2", "ring"},
+		}
+	}
 	full := []string{"tiny-llama", "tiny-mistral"}
 	others := slices.DeleteFunc(slices.Concat(supportedFixtures, moeFixtures), func(n string) bool { return slices.Contains(full, n) })
-	if testing.Short() || raceEnabled {
+	if testing.Short() {
 		full, others = full[:1], []string{"tiny-qwen3"}
 	}
 	for _, name := range full {
@@ -100,7 +107,8 @@ func cpCachedCases() (cases []struct{ name, mesh, strategy string }) {
 // cache: each cp rank caches its share of every prompt (dist.CPShare) and of the decoded
 // tokens (one rank each), and every step's attention runs over every rank's keys.
 // Held to Hugging Face: the last-position logits of every reference prompt prefilled in one
-// step and, on tiny-llama, in chunks of 7 (later chunks over earlier keys on every rank);
+// step and, on tiny-llama, in chunks of 7 (later chunks over earlier keys on every rank;
+// under the race detector at cp=2 only);
 // prompts of 1 and 3 tokens (prefixes of the first prompt, whose every position the
 // reference holds) and of 64 tokens (a prefix of the long prompt, against the engine without
 // cp); and the greedy continuations of every prompt, all requests at once, decoding every
@@ -129,7 +137,7 @@ func TestCPCachedEngineHuggingFaceParity(t *testing.T) {
 				if err := parity.CheckLogits(cpPromptLogits(t, e, p.IDs, len(p.IDs)), p, logitTol); err != nil {
 					t.Errorf("one-step prefill: %v", err)
 				}
-				if c.name == "tiny-llama" {
+				if c.name == "tiny-llama" && (!raceEnabled || c.mesh == "cp=2") {
 					if err := parity.CheckLogits(cpPromptLogits(t, e, p.IDs, 7), p, logitTol); err != nil {
 						t.Errorf("prefill in chunks of 7: %v", err)
 					}
