@@ -8,8 +8,10 @@
 // graph's paged_attention op (see package graph) writes and reads the tensors in place; the
 // engine allocates them once and passes them as graph inputs at every step.
 //
-// Block ids are shared by every layer and, when a model is sharded, by every rank: a
-// sequence's block table is the same everywhere, and only the KV heads in a slot differ.
+// Block ids are shared by every layer and, when a model is sharded over heads (tp, dp), by
+// every rank: a sequence's block table is the same everywhere, and only the KV heads in a
+// slot differ. With context parallelism each cp index has an Allocator of its own and caches
+// its own tokens of every sequence (see engine/cp_cache.go).
 package kvcache
 
 import (
