@@ -227,7 +227,7 @@ func (c *Checkpoint) resolve(ref graph.ParamRef) (f *safetensors.File, dim, inde
 	ti, _ := f.Info(ref.Key)
 	stored, ok := ti.DType.Tensor()
 	if !ok {
-		return nil, 0, 0, 0, fmt.Errorf("%s: tensor %q: unsupported dtype %s (supported: BF16, F16, F32, I32, I64, BOOL)", f.Path(), ref.Key, ti.DType)
+		return nil, 0, 0, 0, fmt.Errorf("%s: tensor %q: unsupported dtype %s (supported: BF16, F16, F32, I32, I64, BOOL, F8_E4M3, F8_E5M2)", f.Path(), ref.Key, ti.DType)
 	}
 	if !slices.Equal(ti.Shape, ref.Shape) {
 		return nil, 0, 0, 0, fmt.Errorf("%s: tensor %q: stored shape %v, but the graph expects %v", f.Path(), ref.Key, ti.Shape, ref.Shape)

@@ -6,7 +6,8 @@ import (
 )
 
 // Tensor is a dense, row-major host tensor. Exactly one of the storage slices is set, the one
-// that matches DType: F32 for f32, Half for bf16 and f16 (raw bit patterns), I32, I64 or Bool.
+// that matches DType: F32 for f32, Half for bf16 and f16 (raw bit patterns), I32, I64, Bool, or
+// U8 for the 8-bit floats f8e4m3 and f8e5m2 (raw bit patterns).
 // Storage may alias memory that the tensor does not own (a memory-mapped checkpoint, say);
 // such tensors are read-only by convention.
 type Tensor struct {
@@ -18,6 +19,7 @@ type Tensor struct {
 	I32  []int32
 	I64  []int64
 	Bool []bool
+	U8   []uint8
 }
 
 // Numel is the number of elements of a shape; the empty shape (a scalar) has one.
@@ -44,6 +46,8 @@ func New(dt DType, shape ...int) *Tensor {
 		t.I64 = make([]int64, n)
 	case Bool:
 		t.Bool = make([]bool, n)
+	case F8E4M3, F8E5M2:
+		t.U8 = make([]uint8, n)
 	}
 	return t
 }
@@ -74,6 +78,8 @@ func (t *Tensor) Len() int {
 		return len(t.I64)
 	case Bool:
 		return len(t.Bool)
+	case F8E4M3, F8E5M2:
+		return len(t.U8)
 	}
 	return 0
 }
@@ -111,6 +117,10 @@ func (t *Tensor) At(i int) float64 {
 		if t.Bool[i] {
 			return 1
 		}
+	case F8E4M3:
+		return float64(F8E4M3ToF32(t.U8[i]))
+	case F8E5M2:
+		return float64(F8E5M2ToF32(t.U8[i]))
 	}
 	return 0
 }
@@ -191,6 +201,16 @@ func (t *Tensor) Cast(dt DType) *Tensor {
 		for i := range n {
 			out.Bool[i] = t.At(i) != 0
 		}
+	case F8E4M3:
+		src := t.Float32s()
+		for i := range n {
+			out.U8[i] = F32ToF8E4M3(src[i])
+		}
+	case F8E5M2:
+		src := t.Float32s()
+		for i := range n {
+			out.U8[i] = F32ToF8E5M2(src[i])
+		}
 	}
 	return out
 }
@@ -203,6 +223,7 @@ func (t *Tensor) Clone() *Tensor {
 	c.I32 = append([]int32(nil), t.I32...)
 	c.I64 = append([]int64(nil), t.I64...)
 	c.Bool = append([]bool(nil), t.Bool...)
+	c.U8 = append([]uint8(nil), t.U8...)
 	return c
 }
 
@@ -238,6 +259,8 @@ func CopyRange(dst *Tensor, dOff int, src *Tensor, sOff, n int) {
 		copy(dst.I64[dOff:dOff+n], src.I64[sOff:sOff+n])
 	case Bool:
 		copy(dst.Bool[dOff:dOff+n], src.Bool[sOff:sOff+n])
+	case F8E4M3, F8E5M2:
+		copy(dst.U8[dOff:dOff+n], src.U8[sOff:sOff+n])
 	}
 }
 

@@ -27,6 +27,8 @@ func nativeBytes(t *tensor.Tensor) ([]byte, bool) {
 		return sliceBytes(t.I32), true
 	case tensor.I64:
 		return sliceBytes(t.I64), true
+	case tensor.F8E4M3, tensor.F8E5M2:
+		return t.U8, true
 	}
 	return nil, false
 }
@@ -63,6 +65,8 @@ func decodeLE(t *tensor.Tensor, b []byte) {
 		for i := range t.Bool {
 			t.Bool[i] = b[i] != 0
 		}
+	case tensor.F8E4M3, tensor.F8E5M2:
+		copy(t.U8, b)
 	}
 }
 
@@ -96,6 +100,8 @@ func encodeLE(t *tensor.Tensor) []byte {
 				b[i] = 1
 			}
 		}
+	case tensor.F8E4M3, tensor.F8E5M2:
+		copy(b, t.U8)
 	}
 	return b
 }

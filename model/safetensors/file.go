@@ -224,8 +224,8 @@ func (f *File) ReadSliceBytes(name string, dim, index, count int, dst []byte) (i
 func (f *File) Tensor(name string) (*tensor.Tensor, error) { return f.Slice(name, -1, 0, 1) }
 
 // Slice copies one slice of a tensor out of the file into a new tensor of the Loom dtype
-// that the stored dtype maps to (BF16, F16, F32, I32, I64, BOOL). Reading a tensor of any
-// other dtype (F64, I8, F8_E4M3, ...) is an error that names the tensor and its dtype. See
+// that the stored dtype maps to (BF16, F16, F32, I32, I64, BOOL, F8_E4M3, F8_E5M2). Reading a
+// tensor of any other dtype (F64, I8, F8_E8M0, ...) is an error that names the tensor and its dtype. See
 // ReadSliceBytes for the meaning of dim, index and count.
 func (f *File) Slice(name string, dim, index, count int) (*tensor.Tensor, error) {
 	ti, err := f.lookup(name)
@@ -234,7 +234,7 @@ func (f *File) Slice(name string, dim, index, count int) (*tensor.Tensor, error)
 	}
 	dt, ok := ti.DType.Tensor()
 	if !ok {
-		return nil, fmt.Errorf("%s: tensor %q: unsupported dtype %s (supported: BF16, F16, F32, I32, I64, BOOL)", f.path, name, ti.DType)
+		return nil, fmt.Errorf("%s: tensor %q: unsupported dtype %s (supported: BF16, F16, F32, I32, I64, BOOL, F8_E4M3, F8_E5M2)", f.path, name, ti.DType)
 	}
 	local, err := SliceShape(ti.Shape, dim, index, count)
 	if err != nil {

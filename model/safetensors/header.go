@@ -25,8 +25,9 @@ import (
 // DType is a safetensors element type name as it appears in the header, such as "BF16".
 type DType string
 
-// The element types of the safetensors format. Only BF16, F16, F32, I32, I64 and BOOL map to
-// Loom dtypes; the others may appear in a file, but reading such a tensor is an error.
+// The element types of the safetensors format. BF16, F16, F32, I32, I64, BOOL, F8_E4M3 and
+// F8_E5M2 map to Loom dtypes; the others may appear in a file, but reading such a tensor is an
+// error.
 const (
 	BOOL    DType = "BOOL"
 	U8      DType = "U8"
@@ -62,6 +63,7 @@ var dtypeBits = map[DType]int{
 
 var toTensor = map[DType]tensor.DType{
 	BF16: tensor.BF16, F16: tensor.F16, F32: tensor.F32, I32: tensor.I32, I64: tensor.I64, BOOL: tensor.Bool,
+	F8E4M3: tensor.F8E4M3, F8E5M2: tensor.F8E5M2,
 }
 
 // Bits is the element width in bits, or 0 for a dtype this package does not know.

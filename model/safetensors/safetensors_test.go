@@ -217,7 +217,7 @@ func TestUnsupportedDType(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "f64.safetensors")
 	err := WriteEntries(path, []Entry{
 		{Name: "double", DType: F64, Shape: []int{2}, Data: f64},
-		{Name: "fp8", DType: F8E4M3, Shape: []int{4}, Data: []byte{1, 2, 3, 4}},
+		{Name: "e8m0", DType: F8E8M0, Shape: []int{4}, Data: []byte{1, 2, 3, 4}},
 		{Name: "ok", DType: F32, Shape: []int{1}, Data: make([]byte, 4)},
 	}, nil)
 	if err != nil {
@@ -228,15 +228,15 @@ func TestUnsupportedDType(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	for _, name := range []string{"double", "fp8"} {
+	for _, name := range []string{"double", "e8m0"} {
 		ti, _ := f.Info(name)
 		_, err := f.Tensor(name)
 		wantErr(t, err, path, `"`+name+`"`, "unsupported dtype "+string(ti.DType))
 		_, err = f.Slice(name, 0, 0, 2)
 		wantErr(t, err, path, `"`+name+`"`, string(ti.DType))
 	}
-	if raw, err := f.Raw("fp8"); err != nil || !bytes.Equal(raw, []byte{1, 2, 3, 4}) {
-		t.Errorf("Raw(fp8) = %v, %v", raw, err)
+	if raw, err := f.Raw("e8m0"); err != nil || !bytes.Equal(raw, []byte{1, 2, 3, 4}) {
+		t.Errorf("Raw(e8m0) = %v, %v", raw, err)
 	}
 	if _, err := f.Tensor("ok"); err != nil {
 		t.Error(err)
@@ -370,4 +370,52 @@ func FuzzParseHeader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestFP8 reads F8_E4M3 and F8_E5M2 tensors, whole and sliced, as Loom's f8 dtypes (raw
+// bytes), and writes them back.
+func TestFP8(t *testing.T) {
+	data := []byte{0x38, 0xB8, 0x7E, 0x01, 0x40, 0x3C}
+	path := filepath.Join(t.TempDir(), "fp8.safetensors")
+	if err := WriteEntries(path, []Entry{
+		{Name: "e4m3", DType: F8E4M3, Shape: []int{2, 3}, Data: data},
+		{Name: "e5m2", DType: F8E5M2, Shape: []int{6}, Data: data},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	x, err := f.Tensor("e4m3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.DType != tensor.F8E4M3 || !bytes.Equal(x.U8, data) {
+		t.Errorf("e4m3 read as %s %v", x.DType, x.U8)
+	}
+	if got := x.Float32s(); got[0] != 1 || got[1] != -1 || got[2] != 448 {
+		t.Errorf("e4m3 values %v", got)
+	}
+	col, err := f.Slice("e4m3", 1, 2, 3)
+	if err != nil || !bytes.Equal(col.U8, []byte{0x7E, 0x3C}) {
+		t.Errorf("column slice: %v, %v", col, err)
+	}
+	y, err := f.Tensor("e5m2")
+	if err != nil || y.DType != tensor.F8E5M2 || y.Float32s()[0] != 0.5 {
+		t.Errorf("e5m2: %v, %v", y, err)
+	}
+	back := filepath.Join(t.TempDir(), "back.safetensors")
+	if err := Write(back, map[string]*tensor.Tensor{"e4m3": x}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := Open(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if ti, _ := g.Info("e4m3"); ti.DType != F8E4M3 {
+		t.Errorf("written as %s", ti.DType)
+	}
 }
