@@ -195,3 +195,43 @@ func checkCPCachedGraph(t *testing.T, e *Engine, mesh, strategy string) {
 		t.Errorf("%s: the engine does not keep one allocator per cp index", mesh)
 	}
 }
+
+// TestCPCachedEnginePreemption runs every tiny-llama prompt at once at cp=2 on caches too
+// small for all of them: sequences wait for blocks and are preempted (their blocks freed on
+// every cp rank, recomputed later as a cp prefill of their tokens so far), and the greedy
+// tokens stay Hugging Face's, with no block left on any cp rank afterwards.
+func TestCPCachedEnginePreemption(t *testing.T) {
+	const name = "tiny-llama"
+	ref := loadReference(t, filepath.Join("..", "testdata", name))
+	longest := 0
+	for _, p := range ref.Prompts {
+		longest = max(longest, len(p.IDs)+len(p.GreedyNewIDs))
+	}
+	m, err := Load(context.Background(), filepath.Join("..", "testdata", name), LoadOptions{Optimize: true, Mesh: mustMeshFor(t, 0, "cp=2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// Each rank holds a little over half of the longest sequence.
+	e, err := New(context.Background(), m, Options{Logger: quiet, KVBlocks: longest/32 + 2, QueueOnFull: true, MaxTokensPerStep: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	// The long prompt first: the short ones start beside it as its blocks allow, and as they
+	// all decode the cache runs out.
+	reqs := greedyRequests(ref)
+	slices.Reverse(reqs)
+	got := generateAll(t, e, reqs)
+	slices.Reverse(got)
+	checkGreedyAll(t, ref, got, engineGen(t, e))
+	st := e.Stats()
+	if st.PreemptionsTotal == 0 {
+		t.Errorf("no sequence was preempted: the test proves less than it says")
+	}
+	t.Logf("%d preemptions, %d steps, %d of %d blocks at the peak", st.PreemptionsTotal, st.StepsTotal, e.cpa.Stats().Peak, st.KVBlocks)
+	if st.KVBlocksUsed != 0 || st.Running != 0 || st.Waiting != 0 {
+		t.Errorf("after all requests: %+v", st)
+	}
+	checkCPBlocksFree(t, e)
+}
