@@ -125,14 +125,20 @@ type SeqID uint64
 var ErrOutOfBlocks = errors.New("kvcache: out of blocks")
 
 // Allocator hands out a cache's blocks to sequences. It is safe for concurrent use.
+//
+// Blocks are refcounted: a full block that holds a known prefix can be held by several
+// sequences at once, and stays cached when the last one frees it, until the allocator needs
+// the space (automatic prefix caching, see prefix.go).
 type Allocator struct {
 	blockSize int
 
 	mu    sync.Mutex
 	total int
-	free  []int32 // a stack: the next block handed out is the last one
+	free  []int32 // blocks holding nothing: a stack, the next block handed out is the last one
 	seqs  map[SeqID][]int32
+	ref   []int32 // per block: the sequences holding it
 	peak  int
+	pc    prefixCache
 }
 
 // NewAllocator manages numBlocks blocks of blockSize token slots.
@@ -143,10 +149,12 @@ func NewAllocator(numBlocks, blockSize int) (*Allocator, error) {
 	if numBlocks > 1<<31-1 {
 		return nil, fmt.Errorf("kvcache: %d blocks do not fit int32 block ids", numBlocks)
 	}
-	a := &Allocator{blockSize: blockSize, total: numBlocks, free: make([]int32, numBlocks), seqs: map[SeqID][]int32{}}
+	a := &Allocator{blockSize: blockSize, total: numBlocks, free: make([]int32, numBlocks), seqs: map[SeqID][]int32{},
+		ref: make([]int32, numBlocks)}
 	for i := range a.free {
 		a.free[i] = int32(numBlocks - 1 - i) // block 0 is handed out first
 	}
+	a.pc.init(numBlocks)
 	return a, nil
 }
 
@@ -162,9 +170,10 @@ func (a *Allocator) BlocksFor(tokens int) int {
 }
 
 // Reserve makes sure seq owns blocks for its first tokens tokens, taking free blocks as
-// needed. It takes all it needs or nothing: with too few free blocks it returns an error
-// wrapping ErrOutOfBlocks and seq keeps what it had. A sequence the allocator does not know
-// yet starts with no blocks.
+// needed (blocks that hold nothing first, then the least recently used cached ones). It
+// takes all it needs or nothing: with too few free blocks it returns an error wrapping
+// ErrOutOfBlocks and seq keeps what it had. A sequence the allocator does not know yet
+// starts with no blocks.
 func (a *Allocator) Reserve(seq SeqID, tokens int) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -176,35 +185,65 @@ func (a *Allocator) Reserve(seq SeqID, tokens int) error {
 		}
 		return nil
 	}
-	if need > len(a.free) {
+	if need > a.available() {
 		return fmt.Errorf("%w: sequence %d needs %d more blocks for %d tokens, %d of %d are free",
-			ErrOutOfBlocks, seq, need, tokens, len(a.free), a.total)
+			ErrOutOfBlocks, seq, need, tokens, a.available(), a.total)
 	}
-	at := len(a.free) - need
+	a.seqs[seq] = a.take(have, need)
+	return nil
+}
+
+// available is the number of blocks Reserve can hand out: those holding nothing and the
+// cached blocks no sequence holds. The caller holds a.mu.
+func (a *Allocator) available() int { return len(a.free) + a.pc.lruLen }
+
+// take appends n blocks to dst, each held once: from the free stack first (pop order),
+// then cached blocks evicted least recently used first. The caller holds a.mu and has
+// checked that n blocks are available.
+func (a *Allocator) take(dst []int32, n int) []int32 {
+	k := min(n, len(a.free))
+	at := len(a.free) - k
 	taken := a.free[at:]
 	slices.Reverse(taken) // pop order
-	a.seqs[seq] = append(have, taken...)
+	dst = append(dst, taken...)
 	a.free = a.free[:at]
-	a.peak = max(a.peak, a.total-len(a.free))
-	return nil
+	for range n - k {
+		dst = append(dst, a.pc.evict())
+	}
+	for _, b := range dst[len(dst)-n:] {
+		a.ref[b] = 1
+	}
+	a.peak = max(a.peak, a.total-a.available())
+	return dst
 }
 
 // CanReserve reports whether Reserve(seq, tokens) would succeed now.
 func (a *Allocator) CanReserve(seq SeqID, tokens int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.BlocksFor(tokens)-len(a.seqs[seq]) <= len(a.free)
+	return a.BlocksFor(tokens)-len(a.seqs[seq]) <= a.available()
 }
 
-// Free returns every block of seq to the free list and forgets seq. It returns the number
-// of blocks freed (0 for an unknown sequence).
+// Free lets go of every block of seq and forgets seq. A block no other sequence holds goes
+// back to the free list, or, when it holds a cached prefix (see Commit), stays cached until
+// the allocator needs the space; the last blocks of seq are evicted first. It returns the
+// number of blocks seq held (0 for an unknown sequence).
 func (a *Allocator) Free(seq SeqID) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	blocks := a.seqs[seq]
 	delete(a.seqs, seq)
+	delete(a.pc.committed, seq)
 	for i := len(blocks) - 1; i >= 0; i-- {
-		a.free = append(a.free, blocks[i])
+		b := blocks[i]
+		if a.ref[b]--; a.ref[b] > 0 {
+			continue
+		}
+		if a.pc.cached(b) {
+			a.pc.pushLRU(b)
+		} else {
+			a.free = append(a.free, b)
+		}
 	}
 	return len(blocks)
 }
@@ -236,16 +275,25 @@ func (a *Allocator) Slot(seq SeqID, pos int) (int32, error) {
 
 // Stats is a snapshot of an allocator.
 type Stats struct {
+	// Used blocks are held by sequences; Free ones by none (Cached of them still hold a
+	// prefix, evicted when the space is needed).
 	Blocks, Used, Free int
 	// Peak is the most blocks ever in use at once.
 	Peak int
 	// Sequences counts the sequences holding blocks (or reserved with none).
 	Sequences int
+	// Cached counts the free blocks that hold a cached prefix.
+	Cached int
+	// PrefixQueryBlocks counts the full blocks looked up by ReserveCached, PrefixHitBlocks
+	// those found cached, Evictions the cached blocks handed out for other contents.
+	PrefixQueryBlocks, PrefixHitBlocks, Evictions int64
 }
 
 // Stats returns a snapshot.
 func (a *Allocator) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return Stats{Blocks: a.total, Used: a.total - len(a.free), Free: len(a.free), Peak: a.peak, Sequences: len(a.seqs)}
+	free := a.available()
+	return Stats{Blocks: a.total, Used: a.total - free, Free: free, Peak: a.peak, Sequences: len(a.seqs),
+		Cached: a.pc.lruLen, PrefixQueryBlocks: a.pc.queries, PrefixHitBlocks: a.pc.hits, Evictions: a.pc.evictions}
 }
