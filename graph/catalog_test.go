@@ -309,6 +309,7 @@ func inferCases() []inferCase {
 	cases = append(cases, packedInferCases()...)
 	cases = append(cases, moeInferCases()...)
 	cases = append(cases, cpInferCases()...)
+	cases = append(cases, quantInferCases()...)
 	return cases
 }
 

@@ -32,6 +32,7 @@ func roundTripGraphs(t testing.TB) map[string]*Graph {
 		"moe":          buildMoE,
 		"moe_fused":    buildMoEFused,
 		"moe_a2a":      buildMoEAllToAll,
+		"fp8":          buildFP8,
 	}
 	out := map[string]*Graph{}
 	for name, build := range builders {
