@@ -254,3 +254,25 @@ __device__ __forceinline__ void report(int* err, int code, i64 a, i64 b, i64 c) 
     err[3] = clamp32(c);
   }
 }
+
+// ld_nc_v4 loads 16 bytes of weights through the read-only path without allocating them in
+// L1 (streamed weights would evict the activations every warp re-reads).
+__device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// bf16x8 widens the 8 bf16 of v (in memory order) to f.
+__device__ __forceinline__ void bf16x8(uint4 v, float* f) {
+  f[0] = __uint_as_float(v.x << 16);
+  f[1] = __uint_as_float(v.x & 0xffff0000u);
+  f[2] = __uint_as_float(v.y << 16);
+  f[3] = __uint_as_float(v.y & 0xffff0000u);
+  f[4] = __uint_as_float(v.z << 16);
+  f[5] = __uint_as_float(v.z & 0xffff0000u);
+  f[6] = __uint_as_float(v.w << 16);
+  f[7] = __uint_as_float(v.w & 0xffff0000u);
+}

@@ -21,32 +21,12 @@
 // The file holds templates only: backend/cuda appends the instantiation it needs, such as
 // GEMV(gemv_bf16_m1_r1_u4, 1, 1, 4, BF16), and compiles each on first use.
 
-__device__ __forceinline__ uint4 gemv_load_w(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// gemv_bf16x8 widens the 8 bf16 of v (in memory order) to f.
-__device__ __forceinline__ void gemv_bf16x8(uint4 v, float* f) {
-  f[0] = __uint_as_float(v.x << 16);
-  f[1] = __uint_as_float(v.x & 0xffff0000u);
-  f[2] = __uint_as_float(v.y << 16);
-  f[3] = __uint_as_float(v.y & 0xffff0000u);
-  f[4] = __uint_as_float(v.z << 16);
-  f[5] = __uint_as_float(v.z & 0xffff0000u);
-  f[6] = __uint_as_float(v.w << 16);
-  f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
-
 // GemvX reads 8 elements of x from a 16-byte aligned position as bf16 values widened to f32.
 template <class X> struct GemvX;
 
 template <> struct GemvX<BF16> {
   static __device__ __forceinline__ void load8(const bf16* x, i64 i, float* f) {
-    gemv_bf16x8(__ldg((const uint4*)(x + i)), f);
+    bf16x8(__ldg((const uint4*)(x + i)), f);
   }
 };
 
@@ -70,7 +50,7 @@ __device__ __forceinline__ void gemv_fma8(float (&acc)[R][M], const uint4 (&wv)[
                                           i64 k) {
   float wf[R][8];
 #pragma unroll
-  for (int r = 0; r < R; ++r) gemv_bf16x8(wv[r], wf[r]);
+  for (int r = 0; r < R; ++r) bf16x8(wv[r], wf[r]);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float xf[8];
@@ -102,7 +82,7 @@ __device__ __forceinline__ void gemv_dot_impl(float (&acc)[R][M], const uint4* c
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + 32 * u + lane);
+      for (int r = 0; r < R; ++r) wv[u][r] = ld_nc_v4(wr[r] + 32 * u + lane);
   }
   pdl_begin();
   after_wait();
@@ -111,7 +91,7 @@ __device__ __forceinline__ void gemv_dot_impl(float (&acc)[R][M], const uint4* c
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int r = 0; r < R; ++r) wv[u][r] = gemv_load_w(wr[r] + c0 + 32 * u + lane);
+        for (int r = 0; r < R; ++r) wv[u][r] = ld_nc_v4(wr[r] + c0 + 32 * u + lane);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) gemv_fma8<M, R, X>(acc, wv[u], x, K, (i64)(c0 + 32 * u + lane) * 8);
@@ -119,7 +99,7 @@ __device__ __forceinline__ void gemv_dot_impl(float (&acc)[R][M], const uint4* c
   for (int c = full + lane; c < K8; c += 32) {
     uint4 wv[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = gemv_load_w(wr[r] + c);
+    for (int r = 0; r < R; ++r) wv[r] = ld_nc_v4(wr[r] + c);
     gemv_fma8<M, R, X>(acc, wv, x, K, (i64)c * 8);
   }
 #pragma unroll

@@ -55,37 +55,18 @@ struct MoeMeta {
   int* tok;      // [T*k]
 };
 
-__device__ __forceinline__ uint4 moe_ld_w(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ void moe_bf16x8(uint4 v, float* f) {
-  f[0] = __uint_as_float(v.x << 16);
-  f[1] = __uint_as_float(v.x & 0xffff0000u);
-  f[2] = __uint_as_float(v.y << 16);
-  f[3] = __uint_as_float(v.y & 0xffff0000u);
-  f[4] = __uint_as_float(v.z << 16);
-  f[5] = __uint_as_float(v.z & 0xffff0000u);
-  f[6] = __uint_as_float(v.w << 16);
-  f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
-
 // MoeW reads 8 weights (one chunk) as Q 16-byte loads and widens them.
 template <class W> struct MoeW;
 template <> struct MoeW<BF16> {
   enum { Q = 1 };
-  static __device__ __forceinline__ void load(const bf16* w, i64 i, uint4* r) { r[0] = moe_ld_w(w + i); }
-  static __device__ __forceinline__ void widen(const uint4* r, float* f) { moe_bf16x8(r[0], f); }
+  static __device__ __forceinline__ void load(const bf16* w, i64 i, uint4* r) { r[0] = ld_nc_v4(w + i); }
+  static __device__ __forceinline__ void widen(const uint4* r, float* f) { bf16x8(r[0], f); }
 };
 template <> struct MoeW<F32> {
   enum { Q = 2 };
   static __device__ __forceinline__ void load(const float* w, i64 i, uint4* r) {
-    r[0] = moe_ld_w(w + i);
-    r[1] = moe_ld_w(w + i + 4);
+    r[0] = ld_nc_v4(w + i);
+    r[1] = ld_nc_v4(w + i + 4);
   }
   static __device__ __forceinline__ void widen(const uint4* r, float* f) {
     f[0] = __uint_as_float(r[0].x);
@@ -102,7 +83,7 @@ template <> struct MoeW<F32> {
 // MoeX reads 8 activations (16-byte aligned) widened to f32, exactly.
 template <class X> struct MoeX;
 template <> struct MoeX<BF16> {
-  static __device__ __forceinline__ void load8(const bf16* p, float* f) { moe_bf16x8(__ldg((const uint4*)p), f); }
+  static __device__ __forceinline__ void load8(const bf16* p, float* f) { bf16x8(__ldg((const uint4*)p), f); }
 };
 template <> struct MoeX<F32> {
   static __device__ __forceinline__ void load8(const float* p, float* f) {
