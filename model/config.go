@@ -57,6 +57,9 @@ type Config struct {
 
 	Rope RopeConfig
 
+	// Quant is quantization_config (quant.go); nil for an unquantized checkpoint.
+	Quant *QuantConfig
+
 	// Raw is the whole decoded JSON object, for fields this view does not type.
 	Raw map[string]any
 }
@@ -126,6 +129,7 @@ func ParseConfig(data []byte, source string) (*Config, error) {
 	c.NumExpertsPerTok = f.int("num_experts_per_tok", 0)
 	c.MoE = parseMoE(f)
 	c.Rope = parseRope(f)
+	c.Quant = parseQuant(f)
 
 	// Validation, in the order a reader would check the file.
 	f.positive("vocab_size", c.VocabSize, true)

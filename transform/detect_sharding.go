@@ -260,7 +260,7 @@ func shardableWeights(g *graph.Graph) (map[string]*weightUse, []string) {
 	}
 	for _, n := range g.Nodes {
 		switch n.Op {
-		case "linear":
+		case "linear", "linear_fp8":
 			if u := get(n.Inputs[1]); u != nil {
 				u.linears = append(u.linears, n)
 			}
@@ -624,7 +624,7 @@ func heuristicPlan(g *graph.Graph) map[string]string {
 	out := map[string]string{}
 	key := func(n *graph.Node) string { return n.Inputs[1].Producer.Attrs.String("key") }
 	for _, n := range g.Nodes {
-		if n.Op != "linear" || !isParam(n.Inputs[1]) {
+		if !graph.IsLinear(n) || !isParam(n.Inputs[1]) {
 			continue
 		}
 		y := followBias(n, users)
@@ -712,7 +712,7 @@ func columnRegion(g *graph.Graph, row *graph.Node, users map[*graph.Value][]*gra
 			continue
 		}
 		region[p] = true
-		if p.Op == "linear" {
+		if graph.IsLinear(p) {
 			if !isParam(p.Inputs[1]) {
 				return nil, false
 			}
@@ -777,7 +777,7 @@ func findAttention(g *graph.Graph) []attnLayer {
 				break
 			}
 			u := us[0]
-			if u.Op == "linear" && u.Inputs[0] == y {
+			if graph.IsLinear(u) && u.Inputs[0] == y {
 				a.o = u
 				break
 			}
@@ -800,7 +800,7 @@ func projection(v *graph.Value) *graph.Node {
 			return nil
 		}
 		switch p.Op {
-		case "linear":
+		case "linear", "linear_fp8":
 			if !isParam(p.Inputs[1]) {
 				return nil
 			}

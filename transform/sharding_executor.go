@@ -344,7 +344,7 @@ var binaryOps = map[string]bool{
 func (s *sharder) node(n *graph.Node) error {
 	attrs := n.Attrs.Clone()
 	switch {
-	case n.Op == "linear":
+	case graph.IsLinear(n):
 		return s.linear(n)
 	case n.Op == "moe":
 		if ok, err := s.moe(n); ok || err != nil {
@@ -442,7 +442,11 @@ func (s *sharder) linear(n *graph.Node) error {
 		if err != nil {
 			return err
 		}
-		if err := s.copyNode(n, n.Attrs.Clone(), []*graph.Value{x, wv}, layout{last, w.Parts}); err != nil {
+		ins, err := s.withScale(n, []*graph.Value{x, wv}, 0, w.Parts)
+		if err != nil {
+			return err
+		}
+		if err := s.copyNode(n, n.Attrs.Clone(), ins, layout{last, w.Parts}); err != nil {
 			return err
 		}
 		if w.Kind == ShardGather {
@@ -463,7 +467,11 @@ func (s *sharder) linear(n *graph.Node) error {
 		if err != nil {
 			return err
 		}
-		if err := s.copyNode(n, n.Attrs.Clone(), []*graph.Value{x, wv}); err != nil {
+		ins, err := s.withScale(n, []*graph.Value{x, wv}, 1, s.tp)
+		if err != nil {
+			return err
+		}
+		if err := s.copyNode(n, n.Attrs.Clone(), ins); err != nil {
 			return err
 		}
 		r, err := s.emit("all_reduce", graph.Attrs{"group": TPAxis, "group_size": s.tp, "strategy": s.strategy}, []*graph.Value{s.m[n.Out()]})
@@ -479,6 +487,43 @@ func (s *sharder) linear(n *graph.Node) error {
 		return err
 	}
 	return s.copyNode(n, n.Attrs.Clone(), ins)
+}
+
+// withScale appends a quantized linear's scale to its rebuilt inputs, sliced as its weight
+// is (along dim, in parts): a tensor scale whole; a channel scale [N,1] cut by rows with
+// the rows, whole when the columns are cut; a block scale cut along the same dimension,
+// which must fall on block boundaries: a split that cuts a block is an error naming the
+// weight (quantize with smaller blocks, or shard with a tp size that divides the blocks).
+// A plain linear's inputs pass through.
+func (s *sharder) withScale(n *graph.Node, ins []*graph.Value, dim, parts int) ([]*graph.Value, error) {
+	if n.Op != "linear_fp8" {
+		return ins, nil
+	}
+	scale := n.Inputs[2]
+	if !isParam(scale) {
+		return nil, fmt.Errorf("linear_fp8 %s: its scale is not a param; only params can be sliced with the weight", n.Out())
+	}
+	sdim, sparts := 0, 0
+	switch n.Attrs.String("scheme") {
+	case graph.QuantChannel:
+		if dim == 0 {
+			sdim, sparts = 0, parts
+		}
+	case graph.QuantBlock:
+		w := n.Inputs[1]
+		size, b := w.Type.Shape[dim].Size, n.Attrs.Ints("block")[dim]
+		if parts > 1 && (size%parts != 0 || (size/parts)%b != 0) {
+			what := [2]string{"rows", "columns"}[dim]
+			return nil, fmt.Errorf("linear_fp8 weight %q: splitting its %d %s in %d parts cuts its blocks of %d %s (block scales only split on block boundaries; use a tp size for which %d/tp is a multiple of %d)",
+				w.Producer.Attrs.String("key"), size, what, parts, b, what, size, b)
+		}
+		sdim, sparts = dim, parts
+	}
+	sv, err := s.param(scale, sdim, sparts)
+	if err != nil {
+		return nil, err
+	}
+	return append(ins, sv), nil
 }
 
 // The values of ShardingExecutorConfig.EPStrategy.

@@ -63,6 +63,8 @@ type builder struct {
 	cfg  *model.Config
 	opts model.BuildOptions
 	act  tensor.DType
+	// scales holds the stored shape and dtype of each quantized module's scale (quant.go).
+	scales map[string]scaleType
 }
 
 // param declares a weight with the given shape; the dtype is the stored one.
@@ -83,10 +85,17 @@ func build(cfg *model.Config, opts model.BuildOptions, v variant) (*graph.Graph,
 	if cfg.NumAttentionHeads%cfg.NumKeyValueHeads != 0 {
 		return nil, fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", cfg.NumAttentionHeads, cfg.NumKeyValueHeads)
 	}
+	if cfg.Quant != nil && v.moe != nil {
+		return nil, fmt.Errorf("quantization_config (%s): quantized mixture-of-experts checkpoints are not supported yet", cfg.Quant)
+	}
 	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
 		return nil, fmt.Errorf("hidden_act %q is not supported (want silu)", cfg.HiddenAct)
 	}
-	b := &builder{Builder: graph.NewBuilder(cfg.Architectures[0]), cfg: cfg, opts: opts, act: opts.ActivationDType}
+	scales, err := quantScales(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	b := &builder{Builder: graph.NewBuilder(cfg.Architectures[0]), cfg: cfg, opts: opts, act: opts.ActivationDType, scales: scales}
 	ids := b.Input("input_ids", tensor.I32, graph.Shape{B, S})
 	pos := b.Input("positions", tensor.I32, graph.Shape{B, S})
 
@@ -109,10 +118,12 @@ func build(cfg *model.Config, opts model.BuildOptions, v variant) (*graph.Graph,
 	h = b.rmsnorm(h, b.param("model.norm.weight", cfg.HiddenSize), cfg.RMSNormEps)
 	b.SetScope("lm_head")
 	head := embed
-	if !cfg.TieWordEmbeddings {
-		head = b.param("lm_head.weight", cfg.VocabSize, cfg.HiddenSize)
+	var logits *graph.Value
+	if cfg.TieWordEmbeddings {
+		logits = b.Cast(b.Linear(h, head), tensor.F32)
+	} else {
+		logits = b.Cast(b.project(h, "lm_head", cfg.HiddenSize, cfg.VocabSize), tensor.F32)
 	}
-	logits := b.Cast(b.Linear(h, head), tensor.F32)
 	b.Output(logits)
 	return b.Build()
 }
@@ -141,9 +152,9 @@ func (b *builder) causalMask(pos *graph.Value) *graph.Value {
 	return graph.DecomposeCausalMask(b.Builder, pos, b.cfg.SlidingWindow)
 }
 
-// linear is x @ w^T (+ bias).
+// linear is x @ w^T (+ bias), quantized when the checkpoint's quantization_config says so.
 func (b *builder) linear(x *graph.Value, prefix string, in, out int, bias bool) *graph.Value {
-	y := b.Linear(x, b.param(prefix+".weight", out, in))
+	y := b.project(x, prefix, in, out)
 	if bias {
 		y = b.Add(y, b.param(prefix+".bias", out))
 	}

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/internal/parity"
+)
+
+// fp8Fixtures are the FP8 checkpoints that tools/make_fp8_fixtures.py quantizes from
+// tiny-llama and tiny-qwen3, one per format; their reference.json is transformers in f32 on
+// the dequantized weights (fp8 value times scale in f32), which is exactly what Loom's
+// dequantization computes, so the bf16 fixtures' tolerance (parity.LogitTol) holds: both
+// sides run the same real-valued model in f32 and differ only by summation order.
+var fp8Fixtures = []string{
+	"tiny-llama-fp8",    // Hugging Face fp8, 16x16 block scales (weight_scale_inv), LM head bf16
+	"tiny-llama-fp8-ct", // compressed-tensors, per-channel bf16 scales, dynamic activations
+	"tiny-qwen3-fp8",    // Hugging Face fp8, 8x8 blocks, head_dim 24
+	"tiny-qwen3-fp8-ct", // compressed-tensors, per-tensor scales, static input_scale
+}
+
+// countOps counts the nodes of op in a model's rank graphs.
+func countOps(m *Model, op string) int {
+	n := 0
+	graphs := m.Graphs
+	if len(graphs) == 0 {
+		graphs = []*graph.Graph{m.Graph}
+	}
+	for _, g := range graphs {
+		for _, node := range g.Nodes {
+			if node.Op == op {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestFP8HuggingFaceParity holds each FP8 fixture to its reference: the plain graph
+// (logits at every position, greedy by recompute), and the cached engine with the
+// optimized graph at tp=1 and tp=2 (block and channel scales sliced with their weights).
+func TestFP8HuggingFaceParity(t *testing.T) {
+	for _, name := range fp8Fixtures {
+		dir := filepath.Join("..", "testdata", name)
+		t.Run(name+"/plain", func(t *testing.T) {
+			ref := loadReference(t, dir)
+			m, err := Load(context.Background(), dir, LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if got, want := countOps(m, "linear_fp8"), 14; got != want {
+				t.Errorf("%d linear_fp8 ops, want %d (7 per layer)", got, want)
+			}
+			for _, p := range ref.Prompts {
+				logits, _ := runAll(t, m.Program, p.IDs)
+				checkLogits(t, logits, p)
+				gen := recomputeGen(m.Program)
+				if len(p.IDs) > 64 {
+					gen = forcedGen(t, m.Program, p)
+				}
+				checkGreedy(t, gen, p)
+			}
+		})
+		for _, meshText := range []string{"tp=1", "tp=2"} {
+			t.Run(fmt.Sprintf("%s/cached/%s", name, meshText), func(t *testing.T) {
+				ref := loadReference(t, dir)
+				mesh := mustMeshFor(t, 0, meshText)
+				if meshText == "tp=1" {
+					mesh = mustMeshFor(t, 1, "")
+				}
+				m, err := Load(context.Background(), dir, LoadOptions{Optimize: true, Mesh: mesh})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if countOps(m, "linear_fp8") == 0 {
+					t.Error("the optimized graph has no linear_fp8")
+				}
+				if meshText == "tp=2" {
+					checkFP8Sliced(t, m)
+				}
+				longest := 0
+				for _, p := range ref.Prompts {
+					longest = max(longest, len(p.IDs))
+				}
+				e, err := New(context.Background(), m, Options{Logger: quiet, MaxTokensPerStep: 16, KVBlocks: longest/16 + 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				var got [][]int
+				for _, p := range ref.Prompts {
+					logits := cachedPromptLogits(t, e, p.IDs, 7)
+					if err := parity.CheckLogits(logits, p, logitTol); err != nil {
+						t.Error(err)
+					}
+					toks, err := engineGen(t, e)(p.IDs, len(p.GreedyNewIDs))
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, toks)
+				}
+				checkGreedyAll(t, ref, got, engineGen(t, e))
+			})
+		}
+	}
+}
+
+// checkFP8Sliced makes sure that on rank 0 of tp=2 every quantized weight that is sliced
+// has its channel or block scale sliced along with it.
+func checkFP8Sliced(t *testing.T, m *Model) {
+	t.Helper()
+	g := m.Graphs[0]
+	sliced := 0
+	for _, n := range g.Nodes {
+		if n.Op != "linear_fp8" {
+			continue
+		}
+		w, s := n.Inputs[1].Producer, n.Inputs[2].Producer
+		if w.Attrs.Int("slice_count") > 1 {
+			sliced++
+			if n.Attrs.String("scheme") == "block" && s.Attrs.Int("slice_count") != w.Attrs.Int("slice_count") {
+				t.Errorf("%s: weight sliced in %d, block scale in %d", w.Attrs.String("key"), w.Attrs.Int("slice_count"), s.Attrs.Int("slice_count"))
+			}
+		}
+	}
+	if sliced == 0 {
+		t.Error("tp=2 sliced no fp8 weight")
+	}
+}
+
+// TestFP8BadCheckpoints: an unknown quant_method, a scale of the wrong shape and a missing
+// scale are errors naming the field or the tensor, raised before any weight is read.
+func TestFP8BadCheckpoints(t *testing.T) {
+	src := filepath.Join("..", "testdata", "tiny-llama-fp8")
+	for _, tc := range []struct {
+		name   string
+		config func(string) string
+		want   []string
+	}{
+		{"unknown method", func(c string) string {
+			return strings.Replace(c, `"quant_method": "fp8"`, `"quant_method": "awq"`, 1)
+		}, []string{"quantization_config.quant_method", `"awq" is not supported`}},
+		{"block size", func(c string) string {
+			return strings.Replace(c, "\"weight_block_size\": [\n      16,\n      16\n    ]", `"weight_block_size": [32, 16]`, 1)
+		}, []string{`scale tensor "model.layers.0.self_attn.q_proj.weight_scale_inv" has shape [4 4]`, "want [2 4]"}},
+		{"missing scale", func(c string) string {
+			return strings.Replace(c, `"quant_method": "fp8"`, `"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}`, 1)
+		}, []string{`no scale tensor "model.layers.0.self_attn.q_proj.weight_scale"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} {
+				b, err := os.ReadFile(filepath.Join(src, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f == "config.json" {
+					b = []byte(tc.config(string(b)))
+				}
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m, err := Load(context.Background(), dir, LoadOptions{})
+			if err == nil {
+				m.Close()
+				t.Fatal("loaded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\nwants %q", err, w)
+				}
+			}
+		})
+	}
+}
