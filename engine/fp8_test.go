@@ -181,3 +181,19 @@ func TestFP8BadCheckpoints(t *testing.T) {
 		})
 	}
 }
+
+// TestFP8BlockBoundary: tp=4 would cut tiny-llama-fp8's 16-row blocks of the MLP (160 rows,
+// 40 per rank); sharding refuses, naming the weight, before any weight is read.
+func TestFP8BlockBoundary(t *testing.T) {
+	dir := filepath.Join("..", "testdata", "tiny-llama-fp8")
+	m, err := Load(context.Background(), dir, LoadOptions{Optimize: true, Mesh: mustMeshFor(t, 0, "tp=4")})
+	if err == nil {
+		m.Close()
+		t.Fatal("tp=4 loaded")
+	}
+	for _, w := range []string{`linear_fp8 weight "model.layers.0.mlp.gate_proj.weight"`, "splitting its 160 rows in 4 parts cuts its blocks of 16 rows"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q\nwants %q", err, w)
+		}
+	}
+}
