@@ -104,14 +104,6 @@ func logKernelSet() {
 	})
 }
 
-// simdLanes holds the eight lanes of up to eight accumulators.
-type simdLanes = [8][8]float32
-
-// simdHsum adds the eight lanes of an accumulator, pairwise.
-func simdHsum(a *[8]float32) float32 {
-	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-}
-
 // readHalfGo folds the elements of h four at a time: the portable read-bandwidth probe.
 func readHalfGo(h []uint16) uint64 {
 	var s0, s1, s2, s3 uint64

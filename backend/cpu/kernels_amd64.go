@@ -38,33 +38,34 @@ func platformKernels() []kernelSet {
 	return sets
 }
 
-// The micro-kernels (kernels_amd64.s): n is a multiple of 8; acc receives one eight-lane
-// accumulator per output (see simdLanes). The 1x4 kernels prefetch from address pf on, as
+// The micro-kernels (kernels_amd64.s): n is a multiple of 8; out receives the sums of the
+// first n products of each output, its eight lanes added pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (4x2 and 4x1:
+// out[i] = x_i·w0, out[4+i] = x_i·w1; 1x4: out[r] = x·w_r). The 1x4 kernels prefetch from address pf on, as
 // many bytes as their four rows hold (prefetches do not fault: pf may be any address).
 
 //go:noescape
-func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
 
 //go:noescape
-func avx2BF16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+func avx2BF16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, out *[8]float32)
 
 //go:noescape
-func avx2BF16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, acc *simdLanes)
+func avx2BF16x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, out *[8]float32)
 
 //go:noescape
-func avx2BF16x1x1(x, w unsafe.Pointer, n int, acc *simdLanes)
+func avx2BF16x1x1(x, w unsafe.Pointer, n int, out *[8]float32)
 
 //go:noescape
-func avx2F32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+func avx2F32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
 
 //go:noescape
-func avx2F32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+func avx2F32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, out *[8]float32)
 
 //go:noescape
-func avx2F32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, acc *simdLanes)
+func avx2F32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, out *[8]float32)
 
 //go:noescape
-func avx2F32x1x1(x, w unsafe.Pointer, n int, acc *simdLanes)
+func avx2F32x1x1(x, w unsafe.Pointer, n int, out *[8]float32)
 
 // avx2ReadBytes reads n bytes at p (n a multiple of 128) with 32-byte loads and returns
 // their xor folded to 64 bits: the read-bandwidth probe of the benchmarks.
@@ -94,14 +95,20 @@ func avx2GroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
 	for r, row := range rows {
 		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
 	}
-	kv := K &^ 7
-	avx2Group(res, xs, wp[:len(rows)], true, M, N, K, j, func(x []float32, r int) (s float32) {
-		w := rows[r][kv:K]
-		for k, v := range x {
-			s += v * bf16(w[k])
+	avx2Group(res, xs, wp[:len(rows)], true, M, N, K, j)
+	if kv := K &^ 7; kv < K {
+		for m := range M {
+			x := xs[m*K+kv : (m+1)*K]
+			for r, row := range rows {
+				w := row[kv:K]
+				var s float32
+				for k, v := range x {
+					s += v * bf16(w[k])
+				}
+				res[m*N+j+r] += s
+			}
 		}
-		return s
-	})
+	}
 }
 
 // avx2GroupF32 is gemmGroupF32 with the AVX2 micro-kernels.
@@ -110,21 +117,28 @@ func avx2GroupF32(res, xs []float32, rows [][]float32, M, N, K, j int) {
 	for r, row := range rows {
 		wp[r] = unsafe.Pointer(unsafe.SliceData(row[:K]))
 	}
-	kv := K &^ 7
-	avx2Group(res, xs, wp[:len(rows)], false, M, N, K, j, func(x []float32, r int) (s float32) {
-		w := rows[r][kv:K]
-		for k, v := range x {
-			s += v * w[k]
+	avx2Group(res, xs, wp[:len(rows)], false, M, N, K, j)
+	if kv := K &^ 7; kv < K {
+		for m := range M {
+			x := xs[m*K+kv : (m+1)*K]
+			for r, row := range rows {
+				w := row[kv:K]
+				var s float32
+				for k, v := range x {
+					s += v * w[k]
+				}
+				res[m*N+j+r] += s
+			}
 		}
-		return s
-	})
+	}
 }
 
-// avx2Group computes res[m*N+j+r] = x[m,:]·w_r for every row m of xs [M,K] and the weight
-// rows at wp (K > 0 elements each, bf16 when half, else float32): micro-kernels over the
-// first K&^7 elements, then tail(x[m, K&^7:], r) for the rest. The micro-kernels are called
-// directly, not through function values, so that acc stays on the stack.
-func avx2Group(res, xs []float32, wp []unsafe.Pointer, half bool, M, N, K, j int, tail func(x []float32, r int) float32) {
+// avx2Group sets res[m*N+j+r] to the vector part of x[m,:]·w_r (its first K&^7 products, see
+// the micro-kernels) for every row m of xs [M,K] and the weight rows at wp (K > 0 elements
+// each, bf16 when half, else float32), plus +0 (as the portable sum of an empty tail would:
+// a -0 becomes +0); the caller adds the rest. The micro-kernels are called directly, not
+// through function values, so that out stays on the stack.
+func avx2Group(res, xs []float32, wp []unsafe.Pointer, half bool, M, N, K, j int) {
 	kv := K &^ 7
 	// next is where the rows after this group's start, if the rows are contiguous (the
 	// weight matrix's): the 1x4 kernels prefetch from there.
@@ -134,53 +148,53 @@ func avx2Group(res, xs []float32, wp []unsafe.Pointer, half bool, M, N, K, j int
 	}
 	next := uintptr(wp[len(wp)-1]) + uintptr(K)*size
 	xs = xs[:M*K]
+	res = res[:(M-1)*N+j+len(wp)]
 	xp := func(m int) unsafe.Pointer { return unsafe.Pointer(&xs[m*K]) }
-	put := func(m, r int, a *[8]float32) { res[m*N+j+r] = simdHsum(a) + tail(xs[m*K+kv:(m+1)*K], r) }
-	var acc simdLanes
+	var out [8]float32
+	var zero float32 // a variable, so that s + zero is not folded away
 	m := 0
 	for ; m+4 <= M; m += 4 {
 		r := 0
 		for ; r+2 <= len(wp); r += 2 {
 			if half {
-				avx2BF16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+				avx2BF16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &out)
 			} else {
-				avx2F32x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &acc)
+				avx2F32x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &out)
 			}
 			for i := range 4 {
-				put(m+i, r, &acc[i])
-				put(m+i, r+1, &acc[4+i])
+				o := (m+i)*N + j + r
+				res[o], res[o+1] = out[i]+zero, out[4+i]+zero
 			}
 		}
 		if r < len(wp) {
 			if half {
-				avx2BF16x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+				avx2BF16x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &out)
 			} else {
-				avx2F32x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &acc)
+				avx2F32x4x1(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], kv, &out)
 			}
 			for i := range 4 {
-				put(m+i, r, &acc[i])
+				res[(m+i)*N+j+r] = out[i] + zero
 			}
 		}
 	}
 	for ; m < M; m++ {
+		o := res[m*N+j : m*N+j+len(wp)]
 		if len(wp) == 4 {
 			if half {
-				avx2BF16x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], next, kv, &acc)
+				avx2BF16x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], next, kv, &out)
 			} else {
-				avx2F32x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], next, kv, &acc)
+				avx2F32x1x4(xp(m), wp[0], wp[1], wp[2], wp[3], next, kv, &out)
 			}
-			for r := range 4 {
-				put(m, r, &acc[r])
-			}
+			o[0], o[1], o[2], o[3] = out[0]+zero, out[1]+zero, out[2]+zero, out[3]+zero
 			continue
 		}
 		for r := range wp {
 			if half {
-				avx2BF16x1x1(xp(m), wp[r], kv, &acc)
+				avx2BF16x1x1(xp(m), wp[r], kv, &out)
 			} else {
-				avx2F32x1x1(xp(m), wp[r], kv, &acc)
+				avx2F32x1x1(xp(m), wp[r], kv, &out)
 			}
-			put(m, r, &acc[0])
+			o[r] = out[0] + zero
 		}
 	}
 }

@@ -6,14 +6,16 @@
 // multiple of 8) of every row: x rows float32, weight rows bf16 (BF16 kernels) or float32
 // (F32 kernels). Output r of the kernel keeps one accumulator of eight lanes, lane l summing
 // the products of k = l mod 8 in k order with fused multiply-adds (the arithmetic of the
-// GOEXPERIMENT=simd kernels, so the same bits), stored to acc[r]. Loops run 16 k per
+// GOEXPERIMENT=simd kernels, so the same bits). Loops run 16 k per
 // iteration, then 8 k once if n is an odd multiple of 8; VZEROUPPER before return. The 1x4
 // kernels (one row of x, the decode case) also prefetch the bytes at pf, as many as the four
 // weight rows hold, in one linear stream: the next group's rows, which short rows would
-// otherwise leave the hardware prefetcher too little time to find.
+// otherwise leave the hardware prefetcher too little time to find. Each kernel then adds the
+// eight lanes of each accumulator pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (VHADDPS
+// twice, the halves added), and stores the sums to out: 4x2 and 4x1 kernels row of x
+// fastest (out[i] = x_i·w0, out[4+i] = x_i·w1), 1x4 out[r] = x·w_r.
 
-
-// func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+// func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2BF16x4x2(SB), NOSPLIT, $0-64
 	MOVQ x0+0(FP), SI
 	MOVQ x1+8(FP), DX
@@ -22,7 +24,7 @@ TEXT ·avx2BF16x4x2(SB), NOSPLIT, $0-64
 	MOVQ w0+32(FP), R8
 	MOVQ w1+40(FP), R9
 	MOVQ n+48(FP), CX
-	MOVQ acc+56(FP), DI
+	MOVQ out+56(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -92,18 +94,22 @@ avx2BF16x4x2_tail:
 	VFMADD231PS Y12, Y9, Y6
 	VFMADD231PS Y13, Y9, Y7
 avx2BF16x4x2_done:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y7, 224(DI)
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 0(DI)
+	VHADDPS Y5, Y4, Y12
+	VHADDPS Y7, Y6, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 16(DI)
 	VZEROUPPER
 	RET
 
-// func avx2BF16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+// func avx2BF16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2BF16x4x1(SB), NOSPLIT, $0-56
 	MOVQ x0+0(FP), SI
 	MOVQ x1+8(FP), DX
@@ -111,7 +117,7 @@ TEXT ·avx2BF16x4x1(SB), NOSPLIT, $0-56
 	MOVQ x3+24(FP), R13
 	MOVQ w0+32(FP), R8
 	MOVQ n+40(FP), CX
-	MOVQ acc+48(FP), DI
+	MOVQ out+48(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -159,14 +165,16 @@ avx2BF16x4x1_tail:
 	VFMADD231PS Y7, Y4, Y2
 	VFMADD231PS Y8, Y4, Y3
 avx2BF16x4x1_done:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 0(DI)
 	VZEROUPPER
 	RET
 
-// func avx2BF16x1x4(x, w0, w1, w2, w3, pf unsafe.Pointer, n int, acc *simdLanes)
+// func avx2BF16x1x4(x, w0, w1, w2, w3, pf unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2BF16x1x4(SB), NOSPLIT, $0-64
 	MOVQ x+0(FP), SI
 	MOVQ w0+8(FP), R8
@@ -175,7 +183,7 @@ TEXT ·avx2BF16x1x4(SB), NOSPLIT, $0-64
 	MOVQ w3+32(FP), R11
 	MOVQ pf+40(FP), R12
 	MOVQ n+48(FP), CX
-	MOVQ acc+56(FP), DI
+	MOVQ out+56(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -236,19 +244,21 @@ avx2BF16x1x4_tail:
 	VFMADD231PS Y8, Y6, Y2
 	VFMADD231PS Y8, Y7, Y3
 avx2BF16x1x4_done:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 0(DI)
 	VZEROUPPER
 	RET
 
-// func avx2BF16x1x1(x, w unsafe.Pointer, n int, acc *simdLanes)
+// func avx2BF16x1x1(x, w unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2BF16x1x1(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), R8
 	MOVQ n+16(FP), CX
-	MOVQ acc+24(FP), DI
+	MOVQ out+24(FP), DI
 	VXORPS Y0, Y0, Y0
 	XORQ AX, AX
 	MOVQ CX, BX
@@ -275,11 +285,15 @@ avx2BF16x1x1_tail:
 	VMOVUPS 0(SI)(AX*4), Y2
 	VFMADD231PS Y2, Y1, Y0
 avx2BF16x1x1_done:
-	VMOVUPS Y0, 0(DI)
+	VHADDPS Y0, Y0, Y12
+	VHADDPS Y12, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVSS X12, 0(DI)
 	VZEROUPPER
 	RET
 
-// func avx2F32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, acc *simdLanes)
+// func avx2F32x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2F32x4x2(SB), NOSPLIT, $0-64
 	MOVQ x0+0(FP), SI
 	MOVQ x1+8(FP), DX
@@ -288,7 +302,7 @@ TEXT ·avx2F32x4x2(SB), NOSPLIT, $0-64
 	MOVQ w0+32(FP), R8
 	MOVQ w1+40(FP), R9
 	MOVQ n+48(FP), CX
-	MOVQ acc+56(FP), DI
+	MOVQ out+56(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -352,18 +366,22 @@ avx2F32x4x2_tail:
 	VFMADD231PS Y12, Y9, Y6
 	VFMADD231PS Y13, Y9, Y7
 avx2F32x4x2_done:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y7, 224(DI)
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 0(DI)
+	VHADDPS Y5, Y4, Y12
+	VHADDPS Y7, Y6, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 16(DI)
 	VZEROUPPER
 	RET
 
-// func avx2F32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, acc *simdLanes)
+// func avx2F32x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2F32x4x1(SB), NOSPLIT, $0-56
 	MOVQ x0+0(FP), SI
 	MOVQ x1+8(FP), DX
@@ -371,7 +389,7 @@ TEXT ·avx2F32x4x1(SB), NOSPLIT, $0-56
 	MOVQ x3+24(FP), R13
 	MOVQ w0+32(FP), R8
 	MOVQ n+40(FP), CX
-	MOVQ acc+48(FP), DI
+	MOVQ out+48(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -416,14 +434,16 @@ avx2F32x4x1_tail:
 	VFMADD231PS Y7, Y4, Y2
 	VFMADD231PS Y8, Y4, Y3
 avx2F32x4x1_done:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 0(DI)
 	VZEROUPPER
 	RET
 
-// func avx2F32x1x4(x, w0, w1, w2, w3, pf unsafe.Pointer, n int, acc *simdLanes)
+// func avx2F32x1x4(x, w0, w1, w2, w3, pf unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2F32x1x4(SB), NOSPLIT, $0-64
 	MOVQ x+0(FP), SI
 	MOVQ w0+8(FP), R8
@@ -432,7 +452,7 @@ TEXT ·avx2F32x1x4(SB), NOSPLIT, $0-64
 	MOVQ w3+32(FP), R11
 	MOVQ pf+40(FP), R12
 	MOVQ n+48(FP), CX
-	MOVQ acc+56(FP), DI
+	MOVQ out+56(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -489,19 +509,21 @@ avx2F32x1x4_tail:
 	VFMADD231PS Y8, Y6, Y2
 	VFMADD231PS Y8, Y7, Y3
 avx2F32x1x4_done:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, 0(DI)
 	VZEROUPPER
 	RET
 
-// func avx2F32x1x1(x, w unsafe.Pointer, n int, acc *simdLanes)
+// func avx2F32x1x1(x, w unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2F32x1x1(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), R8
 	MOVQ n+16(FP), CX
-	MOVQ acc+24(FP), DI
+	MOVQ out+24(FP), DI
 	VXORPS Y0, Y0, Y0
 	XORQ AX, AX
 	MOVQ CX, BX
@@ -525,7 +547,11 @@ avx2F32x1x1_tail:
 	VMOVUPS 0(SI)(AX*4), Y2
 	VFMADD231PS Y2, Y1, Y0
 avx2F32x1x1_done:
-	VMOVUPS Y0, 0(DI)
+	VHADDPS Y0, Y0, Y12
+	VHADDPS Y12, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVSS X12, 0(DI)
 	VZEROUPPER
 	RET
 

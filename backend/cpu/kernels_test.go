@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -42,8 +43,10 @@ func linearInputs(rng *rand.Rand, M, N, K int, dw tensor.DType) (*tensor.Tensor,
 }
 
 // linearShapes are the shapes of the bit-level kernel tests: M below, at and above the
-// four-row block, K below, at and off the multiples of 8 and 16, N off the group of four.
-var linearShapes = [][3]int{{1, 1, 1}, {1, 5, 7}, {1, 4, 8}, {1, 9, 16}, {2, 7, 24}, {4, 6, 40}, {5, 13, 67}, {9, 11, 129}, {1, 64, 896}, {6, 33, 300}}
+// four-row block, K below, at and off the multiples of 8 and 16, N off the group of four;
+// the last three run the 4x2 kernels many times.
+var linearShapes = [][3]int{{1, 1, 1}, {1, 5, 7}, {1, 4, 8}, {1, 9, 16}, {2, 7, 24}, {4, 6, 40}, {5, 13, 67}, {9, 11, 129}, {1, 64, 896}, {6, 33, 300},
+	{16, 5, 64}, {19, 37, 203}, {18, 701, 1024}}
 
 // TestPortableKernelsExact holds the portable set to its contract on amd64: linear gives the
 // reference kernel's bits (one accumulator per output in k order, no fused multiply-add).
@@ -194,6 +197,34 @@ func kernelSetNames() []string {
 	return names
 }
 
+// BenchmarkLinearPrefill runs linear on Qwen2.5-0.5B's shapes for a 128-token prompt (bf16
+// weights) on every kernel set ("speedup" over the first listed, the default); the bytes are
+// the weight bytes.
+func BenchmarkLinearPrefill(b *testing.B) {
+	rng := rand.New(rand.NewPCG(87, 88))
+	for _, sh := range []struct {
+		name string
+		N, K int
+	}{{"qkv", 1152, 896}, {"o", 896, 896}, {"gate_up", 9728, 896}, {"down", 896, 4864}} {
+		b.Run(sh.name, func(b *testing.B) {
+			x := randF32(rng, 128, sh.K)
+			w := randBF16(rng, sh.N, sh.K)
+			f := kernelFn(b, fastLinear, "linear", nil, x, w)
+			var names []string
+			var fns []func() error
+			for _, s := range kernelSets {
+				names = append(names, s.name)
+				fns = append(fns, func() error {
+					var err error
+					withKernelSet(s, func() { err = f() })
+					return err
+				})
+			}
+			benchVariants(b, int64(sh.N*sh.K*2), names, fns)
+		})
+	}
+}
+
 // BenchmarkLinearKernelSets runs linear on Qwen2.5-0.5B's decode shapes (one token, bf16
 // weights) on every kernel set, next to a read of the same number of bytes from memory
 // (readBytes: the bandwidth floor); "x-floor" is each variant's time over the read's.
@@ -252,4 +283,14 @@ func cpuinfoFlags(t *testing.T) map[string]bool {
 	}
 	t.Log("/proc/cpuinfo has no flags line: CPU features as archsimd detects them")
 	return nil
+}
+
+// unsafeHalves views a []uint64 as the []uint16 of its bytes.
+func unsafeHalves(u []uint64) []uint16 {
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(u))), 4*len(u))
+}
+
+// simdHsum adds the eight lanes of an accumulator pairwise, as the vector kernels do.
+func simdHsum(a *[8]float32) float32 {
+	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
