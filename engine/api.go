@@ -71,4 +71,14 @@ type Stats struct {
 	DeviceSeconds float64
 	// TimedSteps counts the steps those times cover: all, or those since ResetStats.
 	TimedSteps int64
+
+	// Prefix caching (Options.DisablePrefixCaching). KVBlocksCached counts the blocks no
+	// sequence holds that keep a cached prefix (not in KVBlocksUsed: evicted when needed);
+	// KVBlocksPeak is the most blocks ever in use at once.
+	KVBlocksCached, KVBlocksPeak int
+	// CachedTokensTotal counts the tokens that sequences took from the prefix cache when
+	// they started (or restarted after a preemption) instead of computing them;
+	// PrefixCacheHitBlocks the blocks. ComputedTokensTotal counts the tokens the model ran:
+	// prompts beyond their cached prefix, recomputations and decodes.
+	CachedTokensTotal, ComputedTokensTotal, PrefixCacheHitBlocks int64
 }

@@ -82,6 +82,11 @@ type Options struct {
 	// MaxQueue is the most requests waiting to start (default 1024): in the queue, and with
 	// MaxConcurrent held for a slot (see QueueOnFull).
 	MaxQueue int
+	// DisablePrefixCaching turns off automatic prefix caching (see prefix.go): by default a
+	// sequence whose tokens start with full KV blocks that another has computed shares those
+	// blocks and computes only the rest, and blocks stay cached after their sequences end
+	// until the cache needs the space. Context parallelism never shares blocks.
+	DisablePrefixCaching bool
 	// Logger receives the engine's messages (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -162,7 +167,8 @@ type sequence struct {
 	stop      map[int]bool
 	tokens    []int // prompt, then generated tokens
 	promptLen int
-	computed  int // tokens whose keys and values are in the cache
+	computed  int                 // tokens whose keys and values are in the cache
+	hashes    []kvcache.BlockHash // the hash chain of its full blocks so far (prefix.go)
 	started   bool
 	finished  bool // finishLocked has ended it
 }
@@ -552,6 +558,7 @@ func (e *Engine) Stats() Stats {
 	e.mu.Unlock()
 	a := e.kv.Stats()
 	st.KVBlocksUsed, st.KVBlocks, st.BlockSize = a.Used, a.Blocks, e.kv.BlockSize()
+	st.KVBlocksCached, st.KVBlocksPeak, st.PrefixCacheHitBlocks = a.Cached, a.Peak, a.PrefixHitBlocks
 	st.StepsTotal = e.steps.Load()
 	e.mu.Lock()
 	st.TimedSteps = st.StepsTotal - e.stepsAtReset
@@ -695,6 +702,7 @@ func (e *Engine) collect(f *flight) {
 	// Each sequence that finished its prompt samples its next token. Samplers belong to
 	// their sequences, so they run concurrently (a row of a large vocabulary takes a while).
 	results := make([]stepResult, len(plan))
+	done := make([]bool, len(plan)) // sequences whose step tokens are now in the cache
 	tokens, sampled := 0, 0
 	var wg sync.WaitGroup
 	for i, p := range plan {
@@ -708,6 +716,7 @@ func (e *Engine) collect(f *flight) {
 			continue
 		}
 		s.computed = p.from + p.n
+		done[i] = true
 		if s.computed < len(s.tokens) {
 			continue // a prefill chunk; the prompt goes on at a later step
 		}
@@ -725,7 +734,9 @@ func (e *Engine) collect(f *flight) {
 	}
 	wg.Wait()
 	sampleDone := time.Now()
+	e.commitPrefixes(f.seqs, done) // before finishLocked frees the blocks
 	e.mu.Lock()
+	e.counters.ComputedTokensTotal += int64(tokens)
 	for _, r := range results {
 		if r.s == nil {
 			continue

@@ -11,7 +11,7 @@ import (
 //  2. the next chunk of every running sequence still in its prompt (or recomputing after a
 //     preemption), as far as the token budget goes;
 //  3. new sequences from the front of the queue, while there are free blocks for their
-//     whole prompt.
+//     whole prompt (beyond its cached prefix, which they share: prefix.go).
 //
 // Each planned sequence gets cache blocks for its tokens. When the cache is out of blocks,
 // a sequence of steps 1-2 first shrinks its chunk to what fits, else preempts the most
@@ -81,12 +81,9 @@ func (e *Engine) schedule() (plan []stepSeq, exit bool) {
 	}
 	for len(e.waiting) > 0 && len(e.running) < e.opts.MaxBatch && budget > 0 {
 		s := e.waiting[0]
-		if !e.kv.CanReserve(s.id, len(s.tokens)) {
+		n := e.reserveAdmission(s, budget) // from its cached prefix, see prefix.go
+		if n == 0 {
 			break // first come, first served: wait for blocks
-		}
-		n := min(len(s.tokens)-s.computed, budget)
-		if err := e.kv.Reserve(s.id, s.computed+n); err != nil {
-			break
 		}
 		e.waiting = e.waiting[1:]
 		e.roomLocked()
