@@ -55,10 +55,13 @@ var errShutdown = &APIError{Status: http.StatusServiceUnavailable, Type: typeUna
 
 // begin submits g to the engine g.n times, once per choice, which admits them or refuses
 // them (engine.Options.QueueOnFull, MaxConcurrent, MaxQueue: the one admission layer). The
-// engine has no sharing of KV cache blocks between sequences, so the n choices of a request
-// are n requests, each computing the prompt; a request with a seed gives choice i the seed
-// plus i, so that the choices differ. When one is refused, those admitted are cancelled.
-// The caller must run or abort every generation returned.
+// n choices are n requests with one prompt, submitted back to back: the engine's prefix
+// cache (engine/prefix.go) computes the prompt's full KV blocks once, for the first choice,
+// and the others share those blocks (each computes only the prompt's last, partial block;
+// one queued behind a choice still prefilling the prompt waits for its blocks). A request
+// with a seed gives choice i the seed plus i, so that the choices differ. When one is
+// refused, those admitted are cancelled. The caller must run or abort every generation
+// returned.
 func (s *Server) begin(ctx context.Context, id string, start time.Time, g *genRequest) ([]*generation, error) {
 	gens := make([]*generation, 0, g.n)
 	for i := range max(g.n, 1) {
