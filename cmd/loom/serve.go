@@ -42,6 +42,7 @@ type engineFlags struct {
 	dtype        string
 	cudaProfile  bool
 	syncSteps    bool
+	noPrefix     bool
 	transforms   transform.Flags
 	// maxModelLen, when set, lowers the context the engine serves (serve's --max-model-len).
 	maxModelLen int
@@ -57,6 +58,7 @@ func (e *engineFlags) register(cmd *cobra.Command) {
 	f.StringVar(&e.device, "device", "auto", "where the model runs: auto (CUDA when a GPU can be used, else the CPU), cpu or cuda")
 	f.BoolVar(&e.cudaProfile, "cuda-profile", false, "time every CUDA kernel (eagerly, without CUDA graphs) and print the GPU time per op on stderr at the end")
 	f.BoolVar(&e.syncSteps, "sync-steps", false, "wait for each step's tokens before queuing the next (by default a decode step is queued while the one before runs on the GPU); for measuring what the overlap gives")
+	f.BoolVar(&e.noPrefix, "no-prefix-caching", false, "compute every prompt whole: no sharing of the KV blocks of prompts that start alike (automatic prefix caching is on by default)")
 	f.StringVar(&e.dtype, "dtype", "auto", "activation and KV cache dtype: auto (bf16 on CUDA, f32 on the CPU), bf16 or f32")
 	addTransformFlags(cmd, &e.transforms)
 	addMeshFlags(cmd, &e.ranks)
@@ -87,6 +89,7 @@ func (e *engineFlags) start(cmd *cobra.Command, dir string, queueOnFull bool, ma
 	eopts := engine.Options{
 		MaxBatch: e.maxBatch, MaxTokensPerStep: e.tokensPerStp, KVBlocks: e.kvBlocks, KVCacheBytes: e.kvCacheBytes,
 		QueueOnFull: queueOnFull, MaxConcurrent: maxConcurrent, MaxQueue: maxQueue, SyncSteps: e.syncSteps,
+		DisablePrefixCaching: e.noPrefix,
 	}
 	if err := withProcessEnv(&opts, dev); err != nil {
 		return nil, nil, nil, err
