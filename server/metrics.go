@@ -79,11 +79,14 @@ var (
 	descModSec  = prometheus.NewDesc("loom_engine_model_seconds_total", "Time the engine's steps spent running the model (inputs, executables, logits).", nil, nil)
 	descSampSec = prometheus.NewDesc("loom_engine_sample_seconds_total", "Time the engine's steps spent choosing tokens.", nil, nil)
 	descDevSec  = prometheus.NewDesc("loom_engine_device_seconds_total", "GPU time of the model runs of the engine's steps (0 on the CPU).", nil, nil)
+	descKVCache = prometheus.NewDesc("loom_kv_cache_blocks_cached", "Paged KV cache blocks no request holds that keep a cached prefix (evicted when needed; not in use).", nil, nil)
+	descHitTok  = prometheus.NewDesc("loom_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache instead of computed (on admission and after preemption).", nil, nil)
+	descCompTok = prometheus.NewDesc("loom_engine_computed_tokens_total", "Tokens the engine's steps ran through the model: prompts past their cached prefix, recomputation, decodes.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descAhead, descEngGen, descEngProm, descStepSec, descModSec, descSampSec, descDevSec} {
+	for _, d := range []*prometheus.Desc{descRunning, descQueue, descKVUsed, descKVTotal, descKVUse, descSteps, descPreempt, descAhead, descEngGen, descEngProm, descStepSec, descModSec, descSampSec, descDevSec, descKVCache, descHitTok, descCompTok} {
 		ch <- d
 	}
 }
@@ -113,6 +116,9 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	constMetric(ch, descModSec, prometheus.CounterValue, st.ModelSeconds)
 	constMetric(ch, descSampSec, prometheus.CounterValue, st.SampleSeconds)
 	constMetric(ch, descDevSec, prometheus.CounterValue, st.DeviceSeconds)
+	constMetric(ch, descKVCache, prometheus.GaugeValue, float64(st.KVBlocksCached))
+	constMetric(ch, descHitTok, prometheus.CounterValue, float64(st.CachedTokensTotal))
+	constMetric(ch, descCompTok, prometheus.CounterValue, float64(st.ComputedTokensTotal))
 }
 
 // countRequest records one answered HTTP request.

@@ -33,6 +33,12 @@ func TestEngineNSharesPrompt(t *testing.T) {
 		t.Fatalf("%d choices; engine took %d tokens from the cache and computed %d, want %d and %d",
 			len(c.Choices), st.CachedTokensTotal, st.ComputedTokensTotal, (n-1)*96, 100+(n-1)*4+n*5)
 	}
+	if got := env.metric(t, "loom_prefix_cache_hit_tokens_total"); got != (n-1)*96 {
+		t.Errorf("loom_prefix_cache_hit_tokens_total %v, want %d", got, (n-1)*96)
+	}
+	if got := env.metric(t, "loom_kv_cache_blocks_cached"); got != 6 {
+		t.Errorf("loom_kv_cache_blocks_cached %v, want the prompt's 6 full blocks", got)
+	}
 	for _, ch := range c.Choices {
 		one := params
 		one.N, one.Seed = openai.Int(1), openai.Int(41+ch.Index)
