@@ -11,7 +11,8 @@
 // Block ids are shared by every layer and, when a model is sharded over heads (tp, dp), by
 // every rank: a sequence's block table is the same everywhere, and only the KV heads in a
 // slot differ. With context parallelism each cp index has an Allocator of its own and caches
-// its own tokens of every sequence (see engine/cp_cache.go).
+// its own tokens of every sequence (see engine/cp_cache.go). Full blocks can be shared by
+// sequences whose tokens start alike, and stay cached after them (prefix caching, prefix.go).
 package kvcache
 
 import (
