@@ -83,15 +83,21 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 // groupBF16 and groupF32 compute the outputs of a group of up to four weight rows (see
 // gemmGroupBF16): those of the kernel set in use (kernels.go), the portable ones below or the
 // assembly of kernels_amd64.s.
+// gemvBF16, if not nil, replaces the groups for one row of x and bf16 weights (decode).
 var (
 	groupBF16 = gemmGroupBF16
 	groupF32  = gemmGroupF32
+	gemvBF16  func(res, x []float32, w []uint16, N, K, lo, hi int)
 )
 
 // gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j < N over the worker
 // pool, in groups of four weight rows: x is f32 [M,K], w a float tensor [N,K].
 func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K int) {
 	parallel(N, grainFor(N, M*K, 4), func(lo, hi int) {
+		if M == 1 && w.DType == tensor.BF16 && gemvBF16 != nil {
+			gemvBF16(res, xs, w.Half, N, K, lo, hi)
+			return
+		}
 		var wbuf *[]float32
 		if w.DType == tensor.F16 {
 			wbuf = getF32(4 * K)

@@ -23,6 +23,9 @@ type kernelSet struct {
 	name      string
 	groupBF16 func(res, xs []float32, rows [][]uint16, M, N, K, j int)
 	groupF32  func(res, xs []float32, rows [][]float32, M, N, K, j int)
+	// gemvBF16, if set, computes res[j] = x·w[j,:] for lo <= j < hi: one row of x (decode)
+	// and bf16 weights [N,K], as groupBF16 would, in one call per worker chunk.
+	gemvBF16 func(res, x []float32, w []uint16, N, K, lo, hi int)
 	// features names the CPU features the set needs (for the log line).
 	features string
 }
@@ -78,7 +81,7 @@ func kernelSetNamed(name string) (kernelSet, bool) {
 // sets between runs.
 func useKernelSet(s kernelSet) {
 	activeKernels = s
-	groupBF16, groupF32 = s.groupBF16, s.groupF32
+	groupBF16, groupF32, gemvBF16 = s.groupBF16, s.groupF32, s.gemvBF16
 }
 
 var logKernelsOnce sync.Once

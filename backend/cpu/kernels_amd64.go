@@ -22,7 +22,7 @@ import (
 // x/sys/cpu checks that).
 var hasAVX2FMA = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
-var avx2Kernels = kernelSet{name: "avx2", groupBF16: avx2GroupBF16, groupF32: avx2GroupF32, features: "avx2,fma"}
+var avx2Kernels = kernelSet{name: "avx2", groupBF16: avx2GroupBF16, groupF32: avx2GroupF32, gemvBF16: avx2GemvBF16, features: "avx2,fma"}
 
 // platformKernels lists the kernel sets of this build besides the portable one, best first.
 func platformKernels() []kernelSet {
@@ -39,9 +39,10 @@ func platformKernels() []kernelSet {
 }
 
 // The micro-kernels (kernels_amd64.s): n is a multiple of 8; out receives the sums of the
-// first n products of each output, its eight lanes added pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (4x2 and 4x1:
-// out[i] = x_i·w0, out[4+i] = x_i·w1; 1x4: out[r] = x·w_r). The 1x4 kernels prefetch from address pf on, as
-// many bytes as their four rows hold (prefetches do not fault: pf may be any address).
+// first n products of each output, its eight lanes added pairwise,
+// ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (4x2 and 4x1: out[i] = x_i·w0, out[4+i] = x_i·w1;
+// 1x4: out[r] = x·w_r). The 1x4 kernels prefetch from address pf on, as many bytes as their
+// four rows hold (prefetches do not fault: pf may be any address).
 
 //go:noescape
 func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
@@ -66,6 +67,13 @@ func avx2F32x1x4(x, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, out *[8]fl
 
 //go:noescape
 func avx2F32x1x1(x, w unsafe.Pointer, n int, out *[8]float32)
+
+// avx2BF16Gemv runs the 1x4 kernel over rows weight rows (a multiple of 4) stride bytes
+// apart from w, one group of four after another, prefetching the next, and stores each
+// row's sum plus +0 to out[0:rows].
+//
+//go:noescape
+func avx2BF16Gemv(x, w unsafe.Pointer, rows, n, stride int, out *float32)
 
 // avx2ReadBytes reads n bytes at p (n a multiple of 128) with 32-byte loads and returns
 // their xor folded to 64 bits: the read-bandwidth probe of the benchmarks.
@@ -108,6 +116,34 @@ func avx2GroupBF16(res, xs []float32, rows [][]uint16, M, N, K, j int) {
 				res[m*N+j+r] += s
 			}
 		}
+	}
+}
+
+// avx2GemvBF16 sets res[j] = x·w[j,:] for lo <= j < hi, x f32 [K], w bf16 [N,K]: the
+// groups of four rows in one assembly call (no Go between groups), the rest as
+// avx2GroupBF16 does them; the same bits as avx2GroupBF16.
+func avx2GemvBF16(res, x []float32, w []uint16, N, K, lo, hi int) {
+	x, w, res = x[:K], w[lo*K:hi*K], res[:hi]
+	n4, kv := (hi-lo)&^3, K&^7
+	if n4 > 0 {
+		avx2BF16Gemv(unsafe.Pointer(&x[0]), unsafe.Pointer(&w[0]), n4, kv, 2*K, &res[lo])
+		if kv < K {
+			for r := range n4 {
+				row := w[r*K+kv : (r+1)*K]
+				var s float32
+				for k, v := range x[kv:] {
+					s += v * bf16(row[k])
+				}
+				res[lo+r] += s
+			}
+		}
+	}
+	if n4 < hi-lo {
+		var rows [4][]uint16
+		for r := range hi - lo - n4 {
+			rows[r] = w[(n4+r)*K : (n4+r+1)*K]
+		}
+		avx2GroupBF16(res, x, rows[:hi-lo-n4], 1, N, K, lo+n4)
 	}
 }
 

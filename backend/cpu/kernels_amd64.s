@@ -6,7 +6,7 @@
 // multiple of 8) of every row: x rows float32, weight rows bf16 (BF16 kernels) or float32
 // (F32 kernels). Output r of the kernel keeps one accumulator of eight lanes, lane l summing
 // the products of k = l mod 8 in k order with fused multiply-adds (the arithmetic of the
-// GOEXPERIMENT=simd kernels, so the same bits). Loops run 16 k per
+// GOEXPERIMENT=simd kernels, so the same bits), stored to acc[r]. Loops run 16 k per
 // iteration, then 8 k once if n is an odd multiple of 8; VZEROUPPER before return. The 1x4
 // kernels (one row of x, the decode case) also prefetch the bytes at pf, as many as the four
 // weight rows hold, in one linear stream: the next group's rows, which short rows would
@@ -14,6 +14,7 @@
 // eight lanes of each accumulator pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (VHADDPS
 // twice, the halves added), and stores the sums to out: 4x2 and 4x1 kernels row of x
 // fastest (out[i] = x_i·w0, out[4+i] = x_i·w1), 1x4 out[r] = x·w_r.
+
 
 // func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
 TEXT ·avx2BF16x4x2(SB), NOSPLIT, $0-64
@@ -552,6 +553,101 @@ avx2F32x1x1_done:
 	VEXTRACTF128 $1, Y12, X13
 	VADDPS X13, X12, X12
 	VMOVSS X12, 0(DI)
+	VZEROUPPER
+	RET
+
+// func avx2BF16Gemv(x, w unsafe.Pointer, rows, n, stride int, out *float32)
+// For rows weight rows (a multiple of 4) stride bytes apart from w: the 1x4 kernel's
+// sums for each group of four, each plus +0 (a -0 becomes +0, as the portable tail's
+// empty sum adds), stored to out[0:rows]; the next group is prefetched from the row
+// after the group's last.
+TEXT ·avx2BF16Gemv(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), R8
+	MOVQ rows+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ stride+32(FP), R13
+	MOVQ out+40(FP), DI
+	VXORPS X14, X14, X14
+	MOVQ CX, BX
+	ANDQ $-16, BX
+avx2BF16Gemv_group:
+	CMPQ DX, $4
+	JLT avx2BF16Gemv_end
+	LEAQ (R8)(R13*1), R9
+	LEAQ (R9)(R13*1), R10
+	LEAQ (R10)(R13*1), R11
+	LEAQ (R11)(R13*1), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+	CMPQ BX, $0
+	JEQ avx2BF16Gemv_tail
+avx2BF16Gemv_loop16:
+	PREFETCHT0 0(R12)(AX*8)
+	PREFETCHT0 64(R12)(AX*8)
+	VPMOVZXWD 0(R8)(AX*2), Y4
+	VPSLLD $16, Y4, Y4
+	VPMOVZXWD 0(R9)(AX*2), Y5
+	VPSLLD $16, Y5, Y5
+	VPMOVZXWD 0(R10)(AX*2), Y6
+	VPSLLD $16, Y6, Y6
+	VPMOVZXWD 0(R11)(AX*2), Y7
+	VPSLLD $16, Y7, Y7
+	VMOVUPS 0(SI)(AX*4), Y8
+	VFMADD231PS Y8, Y4, Y0
+	VFMADD231PS Y8, Y5, Y1
+	VFMADD231PS Y8, Y6, Y2
+	VFMADD231PS Y8, Y7, Y3
+	VPMOVZXWD 16(R8)(AX*2), Y4
+	VPSLLD $16, Y4, Y4
+	VPMOVZXWD 16(R9)(AX*2), Y5
+	VPSLLD $16, Y5, Y5
+	VPMOVZXWD 16(R10)(AX*2), Y6
+	VPSLLD $16, Y6, Y6
+	VPMOVZXWD 16(R11)(AX*2), Y7
+	VPSLLD $16, Y7, Y7
+	VMOVUPS 32(SI)(AX*4), Y8
+	VFMADD231PS Y8, Y4, Y0
+	VFMADD231PS Y8, Y5, Y1
+	VFMADD231PS Y8, Y6, Y2
+	VFMADD231PS Y8, Y7, Y3
+	ADDQ $16, AX
+	CMPQ AX, BX
+	JLT avx2BF16Gemv_loop16
+avx2BF16Gemv_tail:
+	CMPQ AX, CX
+	JGE avx2BF16Gemv_done
+	PREFETCHT0 0(R12)(AX*8)
+	PREFETCHT0 64(R12)(AX*8)
+	VPMOVZXWD 0(R8)(AX*2), Y4
+	VPSLLD $16, Y4, Y4
+	VPMOVZXWD 0(R9)(AX*2), Y5
+	VPSLLD $16, Y5, Y5
+	VPMOVZXWD 0(R10)(AX*2), Y6
+	VPSLLD $16, Y6, Y6
+	VPMOVZXWD 0(R11)(AX*2), Y7
+	VPSLLD $16, Y7, Y7
+	VMOVUPS 0(SI)(AX*4), Y8
+	VFMADD231PS Y8, Y4, Y0
+	VFMADD231PS Y8, Y5, Y1
+	VFMADD231PS Y8, Y6, Y2
+	VFMADD231PS Y8, Y7, Y3
+avx2BF16Gemv_done:
+	VHADDPS Y1, Y0, Y12
+	VHADDPS Y3, Y2, Y13
+	VHADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VADDPS X14, X12, X12
+	VMOVUPS X12, 0(DI)
+	ADDQ $16, DI
+	MOVQ R12, R8
+	SUBQ $4, DX
+	JMP avx2BF16Gemv_group
+avx2BF16Gemv_end:
 	VZEROUPPER
 	RET
 
