@@ -43,53 +43,66 @@ func loadCP(t *testing.T, name, mesh, strategy string) *Model {
 // (teacher-forced, forcedGen), and prompts of 1 and 3 tokens (prefixes of the first prompt,
 // whose every position the reference holds) and of 64 tokens (a prefix of the long prompt,
 // every position against the unsharded run, itself held to Hugging Face above).
+//
+// Every fixture runs every mesh and strategy; in -short mode and under the race detector,
+// the cached engine's trimmed matrix (cpCachedCases).
 func TestContextParallelHuggingFaceParity(t *testing.T) {
-	fixtures := slices.Concat(supportedFixtures, moeFixtures)
-	for _, name := range fixtures {
-		dir := filepath.Join("..", "testdata", name)
-		ref := loadReference(t, dir)
-		var base *Model
-		for _, mesh := range cpMeshes {
-			for _, strategy := range []string{"ring", "all_to_all"} {
-				t.Run(fmt.Sprintf("%s/%s/%s", name, mesh, strategy), func(t *testing.T) {
-					if base == nil {
-						base = loadCP(t, name, "", "ring")
-					}
-					m := loadCP(t, name, mesh, strategy)
-					checkCPGraph(t, m, mesh, strategy)
-					exe := m.Executable()
-					for _, p := range ref.Prompts {
-						logits, V := runAll(t, exe, p.IDs)
-						checkLogits(t, logits, p)
-						want, _ := runAll(t, base.Program, p.IDs)
-						if d, at := maxAbsDiff(logits, want); d > logitTol {
-							t.Errorf("%d tokens: logits differ from the unsharded run's by %.3g at position %d", len(p.IDs), d, at/V)
-						}
-						checkGreedy(t, forcedGen(t, exe, p), p)
-					}
-					first, long := ref.Prompts[0], ref.Prompts[len(ref.Prompts)-1]
-					for _, n := range []int{1, 3} {
-						logits, V := runAll(t, exe, first.IDs[:n])
-						if len(first.AllLogits) < n {
-							t.Fatalf("the reference's first prompt has %d rows of logits", len(first.AllLogits))
-						}
-						for pos := range n {
-							if d, at := maxAbsDiff(logits[pos*V:(pos+1)*V], first.AllLogits[pos]); d > logitTol {
-								t.Errorf("%d-token prompt, position %d: logits %.3g from Hugging Face's at %d", n, pos, d, at)
-							}
-						}
-					}
-					if len(long.IDs) < 64 {
-						t.Fatalf("the long prompt has %d tokens", len(long.IDs))
-					}
-					logits, V := runAll(t, exe, long.IDs[:64])
-					want, _ := runAll(t, base.Program, long.IDs[:64])
-					if d, at := maxAbsDiff(logits, want); d > logitTol {
-						t.Errorf("64 tokens: logits differ from the unsharded run's by %.3g at position %d", d, at/V)
-					}
-				})
+	var cases []struct{ name, mesh, strategy string }
+	if testing.Short() || raceEnabled {
+		cases = cpCachedCases()
+	} else {
+		for _, name := range slices.Concat(supportedFixtures, moeFixtures) {
+			for _, mesh := range cpMeshes {
+				for _, strategy := range []string{"ring", "all_to_all"} {
+					cases = append(cases, struct{ name, mesh, strategy string }{name, mesh, strategy})
+				}
 			}
 		}
+	}
+	refs, bases := map[string]*parity.Reference{}, map[string]*Model{}
+	for _, c := range cases {
+		name, mesh, strategy := c.name, c.mesh, c.strategy
+		if refs[name] == nil {
+			refs[name] = loadReference(t, filepath.Join("..", "testdata", name))
+		}
+		if bases[name] == nil {
+			bases[name] = loadCP(t, name, "", "ring")
+		}
+		ref, base := refs[name], bases[name]
+		t.Run(fmt.Sprintf("%s/%s/%s", name, mesh, strategy), func(t *testing.T) {
+			m := loadCP(t, name, mesh, strategy)
+			checkCPGraph(t, m, mesh, strategy)
+			exe := m.Executable()
+			for _, p := range ref.Prompts {
+				logits, V := runAll(t, exe, p.IDs)
+				checkLogits(t, logits, p)
+				want, _ := runAll(t, base.Program, p.IDs)
+				if d, at := maxAbsDiff(logits, want); d > logitTol {
+					t.Errorf("%d tokens: logits differ from the unsharded run's by %.3g at position %d", len(p.IDs), d, at/V)
+				}
+				checkGreedy(t, forcedGen(t, exe, p), p)
+			}
+			first, long := ref.Prompts[0], ref.Prompts[len(ref.Prompts)-1]
+			for _, n := range []int{1, 3} {
+				logits, V := runAll(t, exe, first.IDs[:n])
+				if len(first.AllLogits) < n {
+					t.Fatalf("the reference's first prompt has %d rows of logits", len(first.AllLogits))
+				}
+				for pos := range n {
+					if d, at := maxAbsDiff(logits[pos*V:(pos+1)*V], first.AllLogits[pos]); d > logitTol {
+						t.Errorf("%d-token prompt, position %d: logits %.3g from Hugging Face's at %d", n, pos, d, at)
+					}
+				}
+			}
+			if len(long.IDs) < 64 {
+				t.Fatalf("the long prompt has %d tokens", len(long.IDs))
+			}
+			logits, V := runAll(t, exe, long.IDs[:64])
+			want, _ := runAll(t, base.Program, long.IDs[:64])
+			if d, at := maxAbsDiff(logits, want); d > logitTol {
+				t.Errorf("64 tokens: logits differ from the unsharded run's by %.3g at position %d", d, at/V)
+			}
+		})
 	}
 }
 
