@@ -126,6 +126,10 @@ func walk(shape []int, strides [][]int, base []int, f func(i int, off []int)) {
 }
 
 func gatherT[T any](dst, src []T, shape, stride []int, base int) {
+	if contiguousRows(shape, stride) {
+		eachRow(shape, stride, base, func(i, off, n int) { copy(dst[i:i+n], src[off:off+n]) })
+		return
+	}
 	walk(shape, [][]int{stride}, []int{base}, func(i int, off []int) { dst[i] = src[off[0]] })
 }
 
@@ -150,6 +154,10 @@ func gather(src *tensor.Tensor, shape, stride []int, base int) *tensor.Tensor {
 }
 
 func scatterT[T any](dst, src []T, shape, stride []int, base int) {
+	if contiguousRows(shape, stride) {
+		eachRow(shape, stride, base, func(i, off, n int) { copy(dst[off:off+n], src[i:i+n]) })
+		return
+	}
 	walk(shape, [][]int{stride}, []int{base}, func(i int, off []int) { dst[off[0]] = src[i] })
 }
 
