@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/loom-ml/loom/internal/parity"
 	"github.com/loom-ml/loom/kvcache"
@@ -231,6 +232,13 @@ func bitsEqual(a, b []float32) bool {
 func cachedPromptLogits(t *testing.T, e *Engine, prompt []int, chunk int) []float32 {
 	t.Helper()
 	const id = kvcache.SeqID(1 << 20) // far from the engine's own ids
+	// The engine frees a finished request's blocks in its own loop, after the request's last
+	// event has gone out: wait for that before taking blocks beside it.
+	for deadline := time.Now().Add(10 * time.Second); e.alloc.Stats().Sequences > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine still holds %d sequences", e.alloc.Stats().Sequences)
+		}
+	}
 	if err := e.alloc.Reserve(id, len(prompt)); err != nil {
 		t.Fatal(err)
 	}
