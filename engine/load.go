@@ -59,6 +59,13 @@ type LoadOptions struct {
 	// EagerCUDA turns off CUDA graphs: on CUDA, the graph on the paged KV cache otherwise
 	// captures each engine step's kernels once per bucket of shapes and replays them.
 	EagerCUDA bool
+	// Quantize quantizes the checkpoint while loading (--quantize): "" loads the weights as
+	// stored; "fp8" makes every linear projection of the decoder layers a linear_fp8 on an
+	// f8e4m3 weight with per-output-channel f32 scales, computed from the stored bf16, f16 or
+	// f32 weight as it is read (model.Config.WithLoadQuantization,
+	// model.Checkpoint.QuantizeWhileLoading). The embeddings, the LM head and the norms stay
+	// as stored. A checkpoint that is already quantized, and any other value, are errors.
+	Quantize string
 	// ProfileCUDA times every step of a CUDA program per op (steps run eagerly); read it
 	// through backend.Profiler on Model.Program.
 	ProfileCUDA bool
@@ -265,16 +272,48 @@ func OpenGraph(dir string, opts LoadOptions) (*model.Model, *graph.Graph, error)
 	if err != nil {
 		return nil, nil, err
 	}
+	if opts.Quantize != "" {
+		if err := m.Config.WithLoadQuantization(opts.Quantize); err != nil {
+			m.Close()
+			return nil, nil, fmt.Errorf("%s: %w", dir, err)
+		}
+	}
 	g, err := model.BuildGraph(m.Config, model.BuildOptions{ActivationDType: opts.ActivationDType, Tensors: m.Checkpoint})
 	if err != nil {
 		m.Close()
 		return nil, nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	if opts.Quantize != "" {
+		if err := quantizeWhileLoading(m, g, opts.Quantize); err != nil {
+			m.Close()
+			return nil, nil, fmt.Errorf("%s: %w", dir, err)
+		}
 	}
 	if err := m.Checkpoint.Check(g); err != nil {
 		m.Close()
 		return nil, nil, err
 	}
 	return m, g, nil
+}
+
+// quantizeWhileLoading makes the checkpoint quantize the weights of g's linear_fp8 ops (the
+// frontend wrote one for each module the load quantization covers) as they are read.
+func quantizeWhileLoading(m *model.Model, g *graph.Graph, method string) error {
+	scales := map[string]string{}
+	for _, n := range g.Nodes {
+		if n.Op != "linear_fp8" {
+			continue
+		}
+		w, s := n.Inputs[1].Producer, n.Inputs[2].Producer
+		if w == nil || s == nil || w.Op != graph.OpParam || s.Op != graph.OpParam {
+			return fmt.Errorf("--quantize %s: linear_fp8 %s does not read its weight and scale as params", method, n.Out())
+		}
+		scales[w.Attrs.String("key")] = s.Attrs.String("key")
+	}
+	if len(scales) == 0 {
+		return fmt.Errorf("--quantize %s: the %s graph has no linear projection to quantize", method, m.Config.Architectures[0])
+	}
+	return m.Checkpoint.QuantizeWhileLoading(scales)
 }
 
 // Optimize runs the transform pipeline, configured by flags and the model's architecture

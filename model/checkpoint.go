@@ -45,6 +45,8 @@ type Checkpoint struct {
 	names []string // sorted
 
 	bytesRead atomic.Int64
+	// quant, when set, quantizes weights as they are read (QuantizeWhileLoading).
+	quant *loadQuant
 }
 
 var _ graph.Weights = (*Checkpoint)(nil)
@@ -178,6 +180,9 @@ func (c *Checkpoint) Names() []string { return slices.Clone(c.names) }
 
 // Info describes a tensor.
 func (c *Checkpoint) Info(name string) (TensorInfo, bool) {
+	if qi, ok := c.quantInfo(name); ok {
+		return qi, true
+	}
 	f, ok := c.where[name]
 	if !ok {
 		return TensorInfo{}, false
@@ -220,6 +225,9 @@ func (c *Checkpoint) searched() string {
 // the slice to read (dim -1: the whole tensor). A ref with SliceDim < 0 or SliceCount 0
 // reads the whole tensor, as ParamRef.LocalShape treats it.
 func (c *Checkpoint) resolve(ref graph.ParamRef) (f *safetensors.File, dim, index, count int, err error) {
+	if qi, ok := c.quantInfo(ref.Key); ok {
+		return c.where[qi.Name], -1, 0, 1, c.resolveQuant(ref, qi)
+	}
 	f, ok := c.where[ref.Key]
 	if !ok {
 		return nil, 0, 0, 0, fmt.Errorf("checkpoint %s: tensor %q not found (searched %s)", c.dir, ref.Key, c.searched())
@@ -257,6 +265,12 @@ func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tens
 	}
 	if ref.Stack != 0 {
 		return graph.LoadStack(ctx, ref, c.Load)
+	}
+	if qi, ok := c.quantInfo(ref.Key); ok {
+		if err := c.resolveQuant(ref, qi); err != nil {
+			return nil, err
+		}
+		return c.loadQuant(ref, qi)
 	}
 	f, dim, index, count, err := c.resolve(ref)
 	if err != nil {

@@ -216,8 +216,32 @@ func (q *QuantConfig) ScaleShape(n, k int) []int {
 	return s
 }
 
+// LoadQuantMethods are the values of --quantize (engine.LoadOptions.Quantize).
+var LoadQuantMethods = []string{"fp8"}
+
+// WithLoadQuantization makes the config quantize its checkpoint while loading (--quantize
+// method; only "fp8"), as vLLM's --quantization fp8 does for an unquantized checkpoint: every
+// linear projection of the decoder layers (not the embeddings, not the LM head, not the norms)
+// reads an f8e4m3 weight [N,K] and a per-output-channel f32 scale [N,1]
+// (<module>.weight_scale), which the checkpoint computes from the stored weight
+// (Checkpoint.QuantizeWhileLoading). A checkpoint that is already quantized is an error.
+func (c *Config) WithLoadQuantization(method string) error {
+	if method != "fp8" {
+		return fmt.Errorf("--quantize %q is not supported (want %s)", method, strings.Join(LoadQuantMethods, " or "))
+	}
+	if c.Quant != nil {
+		return fmt.Errorf("--quantize %s: the checkpoint is already quantized (quantization_config: %s); load it without --quantize", method, c.Quant)
+	}
+	c.Quant = &QuantConfig{Method: QuantLoad, WeightDType: tensor.F8E4M3, Scheme: graph.QuantChannel, ScaleSuffix: "weight_scale",
+		Activations: "dynamic", Ignore: []string{"lm_head"}}
+	return nil
+}
+
 // String describes the configuration for messages: "fp8 block [128 128]".
 func (q *QuantConfig) String() string {
+	if q.Method == QuantLoad {
+		return "--quantize fp8, " + q.Scheme + " scales"
+	}
 	s := q.Method + " " + q.Scheme
 	if q.Scheme == graph.QuantBlock {
 		s += fmt.Sprint(" ", q.Block)

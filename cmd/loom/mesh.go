@@ -16,6 +16,7 @@ type meshFlags struct {
 	mesh            string
 	distBackend     string
 	allowReplicated bool
+	quantize        string // --quantize, read by loadWithProgress
 	cmd             *cobra.Command
 }
 
@@ -24,6 +25,7 @@ func addMeshFlags(cmd *cobra.Command, f *meshFlags) {
 	fl.IntVar(&f.worldSize, "world-size", 0, "number of ranks, tensor-parallel (tp=N): on the CPU goroutines of this process, on CUDA one GPU each")
 	fl.StringVar(&f.mesh, "mesh", "", "device mesh, innermost axis first, e.g. tp=2 or tp=2,dp=2 (its size is the world size)")
 	fl.StringVar(&f.distBackend, "dist-backend", "auto", "communicator: auto, local (goroutine ranks) or nccl (CUDA)")
+	fl.StringVar(&f.quantize, "quantize", "", "quantize a bf16, f16 or f32 checkpoint while loading: fp8 (f8e4m3 decoder-layer projections with per-output-channel scales; embeddings, LM head and norms stay as stored)")
 	fl.BoolVar(&f.allowReplicated, "allow-replicated", false, "run a mesh whose tp size does not divide the model's heads or sizes, those weights whole on every rank (refused without it)")
 	f.cmd = cmd
 }

@@ -111,6 +111,9 @@ func (h progressHandler) Enabled(context.Context, slog.Level) bool { return true
 // loadWithProgress loads and compiles the model in dir. On a terminal (stderr) it shows a
 // progress bar while it works; elsewhere it is quiet apart from the logs.
 func loadWithProgress(cmd *cobra.Command, dir string, opts engine.LoadOptions) (*engine.Model, error) {
+	if q := cmd.Flags().Lookup("quantize"); q != nil && opts.Quantize == "" {
+		opts.Quantize = q.Value.String() // --quantize (addMeshFlags), on every command that loads a model
+	}
 	optimize, flags := opts.Optimize, opts.Transforms
 	errw := cmd.ErrOrStderr()
 	if !isTerminal(errw) {

@@ -85,6 +85,9 @@ func build(cfg *model.Config, opts model.BuildOptions, v variant) (*graph.Graph,
 	if cfg.NumAttentionHeads%cfg.NumKeyValueHeads != 0 {
 		return nil, fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", cfg.NumAttentionHeads, cfg.NumKeyValueHeads)
 	}
+	if cfg.Quant != nil && cfg.Quant.Method == model.QuantLoad && v.moe != nil {
+		return nil, fmt.Errorf("%s: quantizing a mixture-of-experts model while loading is not supported yet", cfg.Quant)
+	}
 	if cfg.Quant != nil && v.moe != nil {
 		return nil, fmt.Errorf("quantization_config (%s): quantized mixture-of-experts checkpoints are not supported yet", cfg.Quant)
 	}
