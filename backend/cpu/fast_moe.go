@@ -18,8 +18,9 @@ import (
 // top_k largest (ties lowest index first, NaN above all); their float64 sum rounded to f32
 // and a float32 division when normalize; rounded to weight_dtype. Then the tokens are
 // grouped by expert: each local expert's gate, up and down projections run through the
-// dense linear kernel (gemmRows) on its own tokens only, with silu(gate)*up rounded as the
-// decomposition's silu and mul nodes round. Each product output·weight is rounded to
+// dense linear kernel's per-row kernels on its own tokens only (expertsOut: every chosen
+// expert in one parallel region for gate and up, then one for down), with silu(gate)*up
+// rounded as the decomposition's silu and mul nodes round. Each product output·weight is rounded to
 // promote(x's dtype, weight_dtype) and then to x's dtype, and a token's products are added
 // in expert order, rounding to x's dtype after each add.
 //
@@ -84,21 +85,31 @@ func fastMoE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, e
 		}
 	}
 
-	started := make([]bool, T)
+	// Every local expert's rows gathered in expert order, run in one pass (expertsOut).
+	var groups []moeGroup
+	rows := 0
 	for l := range L {
-		m := len(tokens[l])
-		if m == 0 {
-			continue
+		if m := len(tokens[l]); m > 0 {
+			groups = append(groups, moeGroup{l: l, m: m, off: rows})
+			rows += m
 		}
-		xe := getF32(m * H)
-		for i, t := range tokens[l] {
-			copy((*xe)[i*H:(i+1)*H], xs[int(t)*H:(int(t)+1)*H])
+	}
+	if rows == 0 {
+		return []*tensor.Tensor{fromF32(res, o)}, nil
+	}
+	xe := getF32(rows * H)
+	for _, g := range groups {
+		for i, t := range tokens[g.l] {
+			copy((*xe)[(g.off+i)*H:(g.off+i+1)*H], xs[int(t)*H:(int(t)+1)*H])
 		}
-		y := expertOut(*xe, m, gate, up, down, l, act)
-		putF32(xe)
-		for i, t := range tokens[l] {
-			w := tokenW[l][i]
-			yr, rr := (*y)[i*H:(i+1)*H], res[int(t)*H:(int(t)+1)*H]
+	}
+	y := expertsOut(*xe, rows, groups, gate, up, down, act)
+	putF32(xe)
+	started := make([]bool, T)
+	for _, g := range groups {
+		for i, t := range tokens[g.l] {
+			w := tokenW[g.l][i]
+			yr, rr := (*y)[(g.off+i)*H:(g.off+i+1)*H], res[int(t)*H:(int(t)+1)*H]
 			if !started[t] {
 				for d, v := range yr {
 					rr[d] = roundF32(act, roundF32(prod, roundF32(act, v)*w))
@@ -110,29 +121,9 @@ func fastMoE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, e
 				rr[d] = roundF32(act, rr[d]+roundF32(act, roundF32(prod, roundF32(act, v)*w)))
 			}
 		}
-		putF32(y)
 	}
+	putF32(y)
 	return []*tensor.Tensor{fromF32(res, o)}, nil
-}
-
-// expertOut runs local expert l of the stacked weights gate and up [L,I,H], down [L,H,I] on
-// the m rows xe[m*H] through the dense linear kernel, rounding as the decomposition's nodes
-// round (each projection and silu(g)*u to act), and returns its outputs y[m*H] in a pooled
-// buffer, not yet rounded to act.
-func expertOut(xe []float32, m int, gate, up, down *tensor.Tensor, l int, act tensor.DType) *[]float32 {
-	I, H := gate.Shape[1], gate.Shape[2]
-	g, u := getF32(m*I), getF32(m*I)
-	gemmRows(*g, xe, expertView(gate, l), m, I, H)
-	gemmRows(*u, xe, expertView(up, l), m, I, H)
-	roundAll(act, *g)
-	roundAll(act, *u)
-	swigluRow(*g, *g, *u, act) // h = silu(g)*u, over g
-	roundAll(act, *g)
-	putF32(u)
-	y := getF32(m * H)
-	gemmRows(*y, *g, expertView(down, l), m, H, I)
-	putF32(g)
-	return y
 }
 
 // moeRoute computes every token's top-k experts (largest weight first) and their weights,

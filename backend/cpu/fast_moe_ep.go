@@ -11,7 +11,7 @@ import (
 // The kernels of expert parallelism by all_to_all (ops moe_route, moe_dispatch, moe_experts
 // and moe_combine; see their Docs). Together, with the all_to_all between them, they give
 // the fused moe kernel's bits (fastMoE): the routing is moeRoute, each expert runs through
-// the same dense linear kernel on its rows (expertOut), and the combine adds each token's
+// the same dense linear kernel on its rows (expertsOut), and the combine adds each token's
 // products in expert order with fastMoE's rounding.
 
 // fastMoERoute: x[...,H], router [E,H] -> weights[...,k] (weight_dtype), experts[...,k] i32.
@@ -138,7 +138,7 @@ func fastMoEDispatch(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.T
 }
 
 // fastMoEExperts: rows[...,H], ids[...] i32, gate and up [L,I,H], down [L,H,I] ->
-// out[...,H]: each row through its local expert (expertOut), grouped by expert; rows of
+// out[...,H]: each row through its local expert (expertsOut), grouped by expert; rows of
 // other experts (ids outside expert_offset..expert_offset+L-1) get 0.
 func fastMoEExperts(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
 	if err := checkArgs(n, in, out, 5, 1); err != nil {
@@ -171,22 +171,31 @@ func fastMoEExperts(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Te
 			byExpert[l] = append(byExpert[l], int32(r))
 		}
 	}
+	var groups []moeGroup
+	m := 0
 	for l, rs := range byExpert {
-		m := len(rs)
-		if m == 0 || H == 0 {
-			continue
+		if len(rs) > 0 {
+			groups = append(groups, moeGroup{l: l, m: len(rs), off: m})
+			m += len(rs)
 		}
-		xe := getF32(m * H)
-		for i, r := range rs {
-			widen((*xe)[i*H:(i+1)*H], rows, int(r)*H)
-		}
-		y := expertOut(*xe, m, gate, up, down, l, act)
-		putF32(xe)
-		for i, r := range rs {
-			copy(res[int(r)*H:(int(r)+1)*H], (*y)[i*H:(i+1)*H])
-		}
-		putF32(y)
 	}
+	if m == 0 || H == 0 {
+		return []*tensor.Tensor{fromF32(res, o)}, nil
+	}
+	xe := getF32(m * H)
+	for _, g := range groups {
+		for i, r := range byExpert[g.l] {
+			widen((*xe)[(g.off+i)*H:(g.off+i+1)*H], rows, int(r)*H)
+		}
+	}
+	y := expertsOut(*xe, m, groups, gate, up, down, act)
+	putF32(xe)
+	for _, g := range groups {
+		for i, r := range byExpert[g.l] {
+			copy(res[int(r)*H:(int(r)+1)*H], (*y)[(g.off+i)*H:(g.off+i+1)*H])
+		}
+	}
+	putF32(y)
 	return []*tensor.Tensor{fromF32(res, o)}, nil // rounds to act, as the decomposition's last linear
 }
 
