@@ -93,42 +93,45 @@ var (
 // gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j < N over the worker
 // pool, in groups of four weight rows: x is f32 [M,K], w a float tensor [N,K].
 func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K int) {
-	parallel(N, grainFor(N, M*K, 4), func(lo, hi int) {
-		if M == 1 && w.DType == tensor.BF16 && gemvBF16 != nil {
-			gemvBF16(res, xs, w.Half, N, K, lo, hi)
-			return
-		}
-		var wbuf *[]float32
-		if w.DType == tensor.F16 {
-			wbuf = getF32(4 * K)
-			defer putF32(wbuf)
-		}
-		// Declared once per chunk: the group kernels are called through variables, so these
-		// escape to the heap.
-		var halfRows [4][]uint16
-		var rows [4][]float32
-		for j := lo; j < hi; j += 4 {
-			jb := min(4, hi-j)
-			switch w.DType {
-			case tensor.BF16:
-				for r := range jb {
-					halfRows[r] = w.Half[(j+r)*K : (j+r+1)*K]
-				}
-				groupBF16(res, xs, halfRows[:jb], M, N, K, j)
-			case tensor.F32:
-				for r := range jb {
-					rows[r] = w.F32[(j+r)*K : (j+r+1)*K]
-				}
-				groupF32(res, xs, rows[:jb], M, N, K, j)
-			default: // f16: widen the group once
-				for r := range jb {
-					rows[r] = (*wbuf)[r*K : (r+1)*K]
-					widen(rows[r], w, (j+r)*K)
-				}
-				groupF32(res, xs, rows[:jb], M, N, K, j)
+	parallel(N, grainFor(N, M*K, 4), func(lo, hi int) { gemmRange(res, xs, w, M, N, K, lo, hi) })
+}
+
+// gemmRange computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and lo <= j < hi on the
+// calling goroutine, as one chunk of gemmRows computes them (lo a multiple of 4): x is f32
+// [M,K], w a float tensor [N,K].
+func gemmRange(res, xs []float32, w *tensor.Tensor, M, N, K, lo, hi int) {
+	if M == 1 && w.DType == tensor.BF16 && gemvBF16 != nil {
+		gemvBF16(res, xs, w.Half, N, K, lo, hi)
+		return
+	}
+	var wbuf *[]float32
+	if w.DType == tensor.F16 {
+		wbuf = getF32(4 * K)
+		defer putF32(wbuf)
+	}
+	var halfRows [4][]uint16
+	var rows [4][]float32
+	for j := lo; j < hi; j += 4 {
+		jb := min(4, hi-j)
+		switch w.DType {
+		case tensor.BF16:
+			for r := range jb {
+				halfRows[r] = w.Half[(j+r)*K : (j+r+1)*K]
 			}
+			groupBF16(res, xs, halfRows[:jb], M, N, K, j)
+		case tensor.F32:
+			for r := range jb {
+				rows[r] = w.F32[(j+r)*K : (j+r+1)*K]
+			}
+			groupF32(res, xs, rows[:jb], M, N, K, j)
+		default: // f16: widen the group once
+			for r := range jb {
+				rows[r] = (*wbuf)[r*K : (r+1)*K]
+				widen(rows[r], w, (j+r)*K)
+			}
+			groupF32(res, xs, rows[:jb], M, N, K, j)
 		}
-	})
+	}
 }
 
 // gemmGroupBF16 computes the outputs of up to four consecutive bf16 weight rows, the first
