@@ -49,7 +49,7 @@ type Checkpoint struct {
 	quant *loadQuant
 }
 
-var _ graph.Weights = (*Checkpoint)(nil)
+var _ graph.WeightsInto = (*Checkpoint)(nil)
 
 // OpenCheckpoint opens the weights in dir: the files that model.safetensors.index.json names
 // (each must exist), else model.safetensors, else every *.safetensors file in dir. Every file
@@ -285,6 +285,35 @@ func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tens
 		return nil, fmt.Errorf("%s: tensor %q: read shape %v, but the graph expects %v", f.Path(), ref.Key, t.Shape, want)
 	}
 	return t, nil
+}
+
+// LoadInto reads what Load would return straight into dst (graph.WeightsInto), which must have
+// ref.DType and ref.LocalShape(): a plain or sliced tensor is read from the file into dst's
+// memory without an intermediate copy; a stacked or quantized one is loaded and copied.
+func (c *Checkpoint) LoadInto(ctx context.Context, ref graph.ParamRef, dst *tensor.Tensor) error {
+	if want := ref.LocalShape(); dst.DType != ref.DType || !slices.Equal(dst.Shape, want) || dst.Len() != tensor.Numel(want) {
+		return fmt.Errorf("load %q: destination is %s%v, the graph expects %s%v", ref.Key, dst.DType, dst.Shape, ref.DType, want)
+	}
+	if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 {
+		t, err := c.Load(ctx, ref)
+		if err != nil {
+			return err
+		}
+		tensor.CopyRange(dst, 0, t, 0, t.Numel())
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("load %q: %w", ref.Key, err)
+	}
+	f, dim, index, count, err := c.resolve(ref)
+	if err != nil {
+		return err
+	}
+	if err := f.SliceInto(ref.Key, dim, index, count, dst); err != nil {
+		return err
+	}
+	c.bytesRead.Add(int64(dst.Numel() * dst.DType.Size()))
+	return nil
 }
 
 // Check validates every param node of g against the checkpoint before anything runs: each

@@ -600,3 +600,46 @@ func TestOpenErrors(t *testing.T) {
 		t.Errorf("generation %+v eos %v", m.Generation, m.EOSTokenIDs())
 	}
 }
+
+// TestLoadInto: LoadInto reads a whole or sliced tensor into a view of a larger tensor,
+// equal to Load, leaving the rest alone; what it read stays valid after Close.
+func TestLoadInto(t *testing.T) {
+	ck, err := OpenCheckpoint(filepath.Join(fixtures, "tiny-llama"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const key = "model.layers.0.mlp.gate_proj.weight" // bf16[160, 64]
+	var want []uint16
+	refs := []graph.ParamRef{
+		whole(key, tensor.BF16, 160, 64),
+		{Key: key, DType: tensor.BF16, Shape: []int{160, 64}, SliceDim: 1, SliceIndex: 1, SliceCount: 4},
+	}
+	for _, ref := range refs {
+		got, err := ck.Load(ctx, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, got.Half...)
+	}
+	all := tensor.New(tensor.BF16, len(want)+2)
+	all.Half[0], all.Half[len(all.Half)-1] = 7, 9
+	off := 1
+	for _, ref := range refs {
+		n := tensor.Numel(ref.LocalShape())
+		view := &tensor.Tensor{DType: tensor.BF16, Shape: ref.LocalShape(), Half: all.Half[off : off+n : off+n]}
+		if err := ck.LoadInto(ctx, ref, view); err != nil {
+			t.Fatal(err)
+		}
+		off += n
+	}
+	if err := ck.LoadInto(ctx, refs[0], tensor.New(tensor.BF16, 64, 160)); err == nil {
+		t.Error("LoadInto a destination of the wrong shape: no error")
+	}
+	if err := ck.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if all.Half[0] != 7 || all.Half[len(all.Half)-1] != 9 || !slices.Equal(all.Half[1:len(all.Half)-1], want) {
+		t.Error("LoadInto into views differs from Load, or wrote outside them")
+	}
+}

@@ -59,8 +59,10 @@ func (p *Program) Graph() *graph.Graph { return p.g }
 // through other such nodes, and whose outputs have constant shapes, is evaluated here once
 // (a fused GEMM's concat(w_q, w_k, w_v), say, becomes one contiguous weight), and the params
 // and intermediate values that only such nodes read are dropped, so the program holds each
-// weight once. w may be nil for a graph without params. The kernels are fixed at this point:
-// a later Register does not change a compiled program.
+// weight once; where w is a graph.WeightsInto, such a concat of params along axis 0 is read
+// straight into its one tensor instead (load_into.go). w may be nil for a graph without
+// params. The kernels are fixed at this point: a later Register does not change a compiled
+// program.
 func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, error) {
 	start := time.Now()
 	p, err := compile(ctx, g, w, Lookup)
@@ -146,7 +148,18 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 		p.outputs = append(p.outputs, slot[o])
 		uses[slot[o]]++
 	}
+	directs, deferred := directConcats(g, w, slot, uses)
 	for i, n := range g.Nodes {
+		if deferred[i] {
+			continue // read by its concat (loadConcat)
+		}
+		if directs[i] {
+			outs, _ := resolveOuts(n, nil)
+			if err := p.loadConcat(ctx, n, outs, w.(graph.WeightsInto), slot, uses); err != nil {
+				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
+			}
+			continue
+		}
 		if n.Op == graph.OpParam {
 			t, err := backend.LoadParam(ctx, n, w)
 			if err != nil {

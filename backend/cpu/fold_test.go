@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -188,5 +189,73 @@ func TestFusedLayerMatchesPlain(t *testing.T) {
 		if worst > tol*rms || !slices.Equal(got[0].Shape, want[0].Shape) || got[0].DType != act {
 			t.Errorf("%s: fused layer differs from the plain one by up to %.3g (rms %.3g, tolerance %.3g of it)", act, worst, rms, tol)
 		}
+	}
+}
+
+// intoWeights is MapWeights that can read into a caller's tensor (graph.WeightsInto) and
+// counts the calls of each kind.
+type intoWeights struct {
+	MapWeights
+	loads, intos int
+}
+
+func (w *intoWeights) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error) {
+	w.loads++
+	return w.MapWeights.Load(ctx, ref)
+}
+
+func (w *intoWeights) LoadInto(ctx context.Context, ref graph.ParamRef, dst *tensor.Tensor) error {
+	w.intos++
+	t, err := w.MapWeights.Load(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if t.DType != dst.DType || !slices.Equal(t.Shape, dst.Shape) {
+		return fmt.Errorf("LoadInto %q: destination %s%v, weight %s%v", ref.Key, dst.DType, dst.Shape, t.DType, t.Shape)
+	}
+	tensor.CopyRange(dst, 0, t, 0, t.Numel())
+	return nil
+}
+
+// TestConcatOfParamsReadInPlace: with weights that read into a caller's tensor, a concat of
+// params nothing else reads is one tensor whose parts are read straight into their rows (no
+// part loaded on its own, so no part is held beside the whole), equal to the concatenation;
+// a param also read elsewhere leaves the concat to the fold.
+func TestConcatOfParamsReadInPlace(t *testing.T) {
+	rng := rand.New(rand.NewPCG(113, 114))
+	m := MapWeights{
+		"wq": randTensor(rng, tensor.BF16, []int{3, 4}, -1, 1),
+		"wk": randTensor(rng, tensor.BF16, []int{2, 4}, -1, 1),
+	}
+	w := &intoWeights{MapWeights: m}
+	p, err := Compile(context.Background(), fusedQKVGraph(t, false), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.loads != 0 || w.intos != 2 {
+		t.Errorf("Load called %d times and LoadInto %d, want 0 and 2", w.loads, w.intos)
+	}
+	if p.params != 2 || p.folded != 1 || p.paramBytes != 5*4*2 {
+		t.Errorf("params %d, folded %d, param bytes %d; want 2, 1, 40", p.params, p.folded, p.paramBytes)
+	}
+	var held []*tensor.Tensor
+	for _, f := range p.fixed {
+		if f != nil {
+			held = append(held, f)
+		}
+	}
+	if len(held) != 1 || !slices.Equal(held[0].Shape, []int{5, 4}) {
+		t.Fatalf("program holds %d tensors, want one bf16[5,4]", len(held))
+	}
+	if want := slices.Concat(m["wq"].Half, m["wk"].Half); !slices.Equal(held[0].Half, want) {
+		t.Errorf("fused weight %v, want the concatenation %v", held[0].Half, want)
+	}
+
+	w = &intoWeights{MapWeights: m}
+	if _, err := Compile(context.Background(), fusedQKVGraph(t, true), w); err != nil {
+		t.Fatal(err)
+	}
+	if w.loads != 2 || w.intos != 0 {
+		t.Errorf("wq also read alone: Load called %d times and LoadInto %d, want 2 and 0", w.loads, w.intos)
 	}
 }

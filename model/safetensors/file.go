@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -28,17 +31,32 @@ type File struct {
 	data   []byte               // the data section, a sub-slice of buf
 	unmap  func(b []byte) error // releases buf; nil for Parse
 	closed bool
+
+	// fd, when set (Open where the file is memory-mapped), is the open file that reads copy
+	// tensor bytes from with pread, at dataOff plus a tensor's offset. Reading through the
+	// file instead of the mapping leaves the mapped pages untouched, so the page cache's copy of
+	// the weights is not counted in the process's resident memory beside the copy a reader
+	// makes: loading a checkpoint holds the weights once.
+	fd      *os.File
+	dataOff int64
 }
 
 // Open memory-maps the file at path read-only and validates its header and every tensor
 // entry against the file size (see ParseHeader for the checks on each entry). Errors name
-// the file and, where one is at fault, the tensor. Close releases the mapping.
+// the file and, where one is at fault, the tensor. Tensor reads copy from the file with pread,
+// not from the mapping (see File.fd); Raw slices the mapping. Close releases the mapping and
+// the file.
 func Open(path string) (*File, error) {
 	fd, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	defer fd.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			fd.Close()
+		}
+	}()
 	st, err := fd.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -50,7 +68,7 @@ func Open(path string) (*File, error) {
 	if size < 8 {
 		return nil, fmt.Errorf("%s: file is %d bytes, too short for a safetensors header", path, size)
 	}
-	buf, unmap, err := mapFile(fd, size)
+	buf, unmap, mapped, err := mapFile(fd, size)
 	if err != nil {
 		return nil, fmt.Errorf("%s: map file: %w", path, err)
 	}
@@ -60,6 +78,9 @@ func Open(path string) (*File, error) {
 		return nil, err
 	}
 	f.unmap = unmap
+	if mapped {
+		f.fd, f.dataOff, keep = fd, int64(len(buf)-len(f.data)), true
+	}
 	return f, nil
 }
 
@@ -112,7 +133,7 @@ func (f *File) Names() []string {
 // Info describes a tensor.
 func (f *File) Info(name string) (TensorInfo, bool) { return f.header.Lookup(name) }
 
-// Close releases the mapping. Reads after Close fail with ErrClosed; byte slices returned
+// Close releases the mapping and the file. Reads after Close fail with ErrClosed; byte slices returned
 // by Raw must not be used after Close.
 func (f *File) Close() error {
 	f.mu.Lock()
@@ -123,12 +144,18 @@ func (f *File) Close() error {
 	f.closed = true
 	buf := f.buf
 	f.buf, f.data = nil, nil
+	var errs []error
 	if f.unmap != nil {
 		if err := f.unmap(buf); err != nil {
-			return fmt.Errorf("%s: unmap: %w", f.path, err)
+			errs = append(errs, fmt.Errorf("%s: unmap: %w", f.path, err))
 		}
 	}
-	return nil
+	if f.fd != nil {
+		if err := f.fd.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.path, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (f *File) lookup(name string) (TensorInfo, error) {
@@ -204,8 +231,18 @@ func (f *File) ReadSliceBytes(name string, dim, index, count int, dst []byte) (i
 		return 0, fmt.Errorf("%s: tensor %q: %w", f.path, name, ErrClosed)
 	}
 	src := f.data[ti.Begin:ti.End]
+	read := func(dst []byte, off int) error {
+		if f.fd == nil {
+			copy(dst, src[off:])
+			return nil
+		}
+		return f.pread(dst, f.dataOff+ti.Begin+int64(off))
+	}
 	if dim < 0 || count == 1 {
-		return copy(dst, src), nil
+		if err := read(dst[:len(src)], 0); err != nil {
+			return 0, fmt.Errorf("%s: tensor %q: %w", f.path, name, err)
+		}
+		return len(src), nil
 	}
 	outer := tensor.Numel(ti.Shape[:dim])
 	row := len(src) / max(outer, 1) // bytes of one index of the dimensions before dim
@@ -214,10 +251,45 @@ func (f *File) ReadSliceBytes(name string, dim, index, count int, dst []byte) (i
 		return 0, nil
 	}
 	for o := range outer {
-		off := o*row + index*chunk
-		copy(dst[o*chunk:(o+1)*chunk], src[off:off+chunk])
+		if err := read(dst[o*chunk:(o+1)*chunk], o*row+index*chunk); err != nil {
+			return 0, fmt.Errorf("%s: tensor %q: %w", f.path, name, err)
+		}
 	}
 	return outer * chunk, nil
+}
+
+// preadChunk is the size of the parts a large read is split into, read in parallel.
+const preadChunk = 8 << 20
+
+// pread fills dst from the file at off, in parts of preadChunk read in parallel (up to one
+// per CPU) when dst is large.
+func (f *File) pread(dst []byte, off int64) error {
+	parts := (len(dst) + preadChunk - 1) / preadChunk
+	if parts <= 1 {
+		_, err := f.fd.ReadAt(dst, off)
+		return err
+	}
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		errs = make([]error, parts)
+	)
+	for range min(parts, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= parts {
+					return
+				}
+				lo, hi := i*preadChunk, min((i+1)*preadChunk, len(dst))
+				_, errs[i] = f.fd.ReadAt(dst[lo:hi], off+int64(lo))
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Tensor copies a whole tensor out of the file. See Slice.
@@ -241,16 +313,43 @@ func (f *File) Slice(name string, dim, index, count int) (*tensor.Tensor, error)
 		return nil, fmt.Errorf("%s: tensor %q: %w", f.path, name, err)
 	}
 	t := tensor.New(dt, local...)
-	if dst, ok := nativeBytes(t); ok {
-		if _, err := f.ReadSliceBytes(name, dim, index, count, dst); err != nil {
-			return nil, err
-		}
-		return t, nil
-	}
-	buf := make([]byte, tensor.Numel(local)*dt.Size())
-	if _, err := f.ReadSliceBytes(name, dim, index, count, buf); err != nil {
+	if err := f.readInto(name, dim, index, count, t); err != nil {
 		return nil, err
 	}
-	decodeLE(t, buf)
 	return t, nil
+}
+
+// SliceInto reads what Slice would return into dst, which must have the Loom dtype of the
+// stored dtype and the slice's shape; its data may be a view into a larger tensor.
+func (f *File) SliceInto(name string, dim, index, count int, dst *tensor.Tensor) error {
+	ti, err := f.lookup(name)
+	if err != nil {
+		return err
+	}
+	dt, ok := ti.DType.Tensor()
+	if !ok {
+		return fmt.Errorf("%s: tensor %q: unsupported dtype %s (supported: BF16, F16, F32, I32, I64, BOOL, F8_E4M3, F8_E5M2)", f.path, name, ti.DType)
+	}
+	local, err := SliceShape(ti.Shape, dim, index, count)
+	if err != nil {
+		return fmt.Errorf("%s: tensor %q: %w", f.path, name, err)
+	}
+	if dst.DType != dt || !slices.Equal(dst.Shape, local) || dst.Len() != tensor.Numel(local) {
+		return fmt.Errorf("%s: tensor %q: destination is %s%v, the slice is %s%v", f.path, name, dst.DType, dst.Shape, dt, local)
+	}
+	return f.readInto(name, dim, index, count, dst)
+}
+
+// readInto fills t, of the slice's dtype and shape, with the slice's bytes.
+func (f *File) readInto(name string, dim, index, count int, t *tensor.Tensor) error {
+	if dst, ok := nativeBytes(t); ok {
+		_, err := f.ReadSliceBytes(name, dim, index, count, dst)
+		return err
+	}
+	buf := make([]byte, t.Numel()*t.DType.Size())
+	if _, err := f.ReadSliceBytes(name, dim, index, count, buf); err != nil {
+		return err
+	}
+	decodeLE(t, buf)
+	return nil
 }

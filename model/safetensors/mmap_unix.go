@@ -8,14 +8,16 @@ import (
 	"syscall"
 )
 
-// mapFile maps size bytes of f read-only and returns the mapping and its release function.
-func mapFile(f *os.File, size int64) ([]byte, func([]byte) error, error) {
+// mapFile maps size bytes of f read-only and returns the mapping, its release function and
+// true: the file is mapped, so reads of tensor data go through f (pread) rather than the
+// mapping (see File.fd).
+func mapFile(f *os.File, size int64) ([]byte, func([]byte) error, bool, error) {
 	if int64(int(size)) != size {
-		return nil, nil, fmt.Errorf("file of %d bytes is too large to map", size)
+		return nil, nil, false, fmt.Errorf("file of %d bytes is too large to map", size)
 	}
 	b, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return b, syscall.Munmap, nil
+	return b, syscall.Munmap, true, nil
 }

@@ -1,0 +1,113 @@
+package cpu
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/loom-ml/loom/backend"
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Params read straight into a concatenation. A concat along axis 0 whose inputs are all params
+// that nothing else reads (a fused GEMM's concat(w_q, w_k, w_v), or gate and up) is a
+// contiguous run of its parts: when the weights can read into a caller's tensor
+// (graph.WeightsInto), compile allocates the concatenation once and reads each part into its
+// place, instead of loading the parts and folding the concat over them. The parts are never
+// held beside the whole, and each byte is copied once.
+
+// directConcats returns the indices of the concat nodes of g to read straight from w, and of
+// the param nodes they read (loaded there, not on their own). uses counts each slot's readers.
+func directConcats(g *graph.Graph, w backend.Weights, slot map[*graph.Value]int, uses []int) (concats, params map[int]bool) {
+	if _, ok := w.(graph.WeightsInto); !ok {
+		return nil, nil
+	}
+	index := make(map[*graph.Node]int, len(g.Nodes))
+	for i, n := range g.Nodes {
+		index[n] = i
+	}
+	concats, params = map[int]bool{}, map[int]bool{}
+	for i, n := range g.Nodes {
+		if n.Op != "concat" || len(n.Inputs) == 0 || len(n.Outputs) != 1 {
+			continue
+		}
+		if ax, err := graph.NormAxis(n.Attrs.Int("axis"), len(n.Out().Type.Shape)); err != nil || ax != 0 {
+			continue
+		}
+		if _, err := resolveOuts(n, nil); err != nil {
+			continue
+		}
+		ok := true
+		for _, in := range n.Inputs {
+			p := in.Producer
+			if p == nil || p.Op != graph.OpParam || uses[slot[in]] != 1 || in.Type.DType != n.Out().Type.DType {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		concats[i] = true
+		for _, in := range n.Inputs {
+			params[index[in.Producer]] = true
+		}
+	}
+	return concats, params
+}
+
+// loadConcat reads the params that concat node n joins along axis 0 into one tensor of outs[0],
+// each into its run of rows, and stores it as n's fixed value.
+func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w graph.WeightsInto, slot map[*graph.Value]int, uses []int) error {
+	out := tensor.New(outs[0].DType, outs[0].Shape...)
+	off := 0
+	for _, in := range n.Inputs {
+		ref, err := graph.ParamOf(in.Producer)
+		if err != nil {
+			return err
+		}
+		shape, err := in.Type.Shape.Resolve(nil)
+		if err != nil {
+			return fmt.Errorf("param %s: %w", ref, err)
+		}
+		size := tensor.Numel(shape)
+		if off+size > out.Numel() {
+			return fmt.Errorf("%s: its params hold more than its %v output", n, outs[0].Shape)
+		}
+		if err := w.LoadInto(ctx, ref, elemView(out, off, shape)); err != nil {
+			return fmt.Errorf("load param %s: %w", ref, err)
+		}
+		off += size
+		p.params++
+		p.paramBytes += size * out.DType.Size()
+		uses[slot[in]]--
+	}
+	if off != out.Numel() {
+		return fmt.Errorf("%s: its params hold %d elements, its output %d", n, off, out.Numel())
+	}
+	p.fixed[slot[n.Out()]] = out
+	p.folded++
+	return nil
+}
+
+// elemView is the elements [off, off+numel(shape)) of t as a tensor of that shape, sharing
+// t's memory.
+func elemView(t *tensor.Tensor, off int, shape []int) *tensor.Tensor {
+	end := off + tensor.Numel(shape)
+	v := &tensor.Tensor{DType: t.DType, Shape: shape}
+	switch t.DType {
+	case tensor.F32:
+		v.F32 = t.F32[off:end:end]
+	case tensor.BF16, tensor.F16:
+		v.Half = t.Half[off:end:end]
+	case tensor.I32:
+		v.I32 = t.I32[off:end:end]
+	case tensor.I64:
+		v.I64 = t.I64[off:end:end]
+	case tensor.Bool:
+		v.Bool = t.Bool[off:end:end]
+	case tensor.F8E4M3, tensor.F8E5M2:
+		v.U8 = t.U8[off:end:end]
+	}
+	return v
+}
