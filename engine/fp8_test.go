@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/loom-ml/loom/graph"
-	"github.com/loom-ml/loom/internal/parity"
 )
 
 // fp8Fixtures are the FP8 checkpoints that tools/make_fp8_fixtures.py quantizes from
@@ -85,28 +84,7 @@ func TestFP8HuggingFaceParity(t *testing.T) {
 				if meshText == "tp=2" {
 					checkFP8Sliced(t, m)
 				}
-				longest := 0
-				for _, p := range ref.Prompts {
-					longest = max(longest, len(p.IDs))
-				}
-				e, err := New(context.Background(), m, Options{Logger: quiet, MaxTokensPerStep: 16, KVBlocks: longest/16 + 2})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				var got [][]int
-				for _, p := range ref.Prompts {
-					logits := cachedPromptLogits(t, e, p.IDs, 7)
-					if err := parity.CheckLogits(logits, p, logitTol); err != nil {
-						t.Error(err)
-					}
-					toks, err := engineGen(t, e)(p.IDs, len(p.GreedyNewIDs))
-					if err != nil {
-						t.Fatal(err)
-					}
-					got = append(got, toks)
-				}
-				checkGreedyAll(t, ref, got, engineGen(t, e))
+				checkCachedParity(t, m, ref)
 			})
 		}
 	}

@@ -50,15 +50,7 @@ func TestMoEAllToAllHuggingFaceParity(t *testing.T) {
 			check(m)
 		}
 		ref := loadReference(t, dir)
-		longest := 0
-		for _, p := range ref.Prompts {
-			longest = max(longest, len(p.IDs))
-		}
-		e, err := New(context.Background(), m, Options{Logger: quiet, MaxTokensPerStep: 16, KVBlocks: longest/16 + 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := parityEngine(t, m, ref)
 		var out [][]float32
 		for _, p := range ref.Prompts {
 			out = append(out, cachedPromptLogits(t, e, p.IDs, 7))

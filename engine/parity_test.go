@@ -264,6 +264,41 @@ func cachedPromptLogits(t *testing.T, e *Engine, prompt []int, chunk int) []floa
 	return last
 }
 
+// parityEngine starts an engine on m with a KV cache just long enough for ref's longest
+// prompt (so that a leak or a wrong block count fails) and closes it when the test ends.
+func parityEngine(t *testing.T, m *Model, ref *parity.Reference) *Engine {
+	t.Helper()
+	longest := 0
+	for _, p := range ref.Prompts {
+		longest = max(longest, len(p.IDs))
+	}
+	e, err := New(context.Background(), m, Options{Logger: quiet, MaxTokensPerStep: 16, KVBlocks: longest/16 + 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// checkCachedParity holds the cached engine on m to ref: every prompt's last-position logits
+// (fed in chunks of 7) and the engine's greedy continuations (checkGreedyAll).
+func checkCachedParity(t *testing.T, m *Model, ref *parity.Reference) {
+	t.Helper()
+	e := parityEngine(t, m, ref)
+	var got [][]int
+	for _, p := range ref.Prompts {
+		if err := parity.CheckLogits(cachedPromptLogits(t, e, p.IDs, 7), p, logitTol); err != nil {
+			t.Error(err)
+		}
+		toks, err := engineGen(t, e)(p.IDs, len(p.GreedyNewIDs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, toks)
+	}
+	checkGreedyAll(t, ref, got, engineGen(t, e))
+}
+
 // TestCachedEngineHuggingFaceParity holds the deployed path, the optimized graph with the
 // paged KV cache, to Hugging Face's last-position logits on every fixture and prompt, at
 // tensor-parallel sizes 1, 2 and 4, with the prompt fed in chunks of 7 tokens. The MoE
