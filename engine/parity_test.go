@@ -395,20 +395,28 @@ func checkMoEGraph(t *testing.T, m *Model, meshText string) {
 // to dt and config.json's dtype saying so.
 func convertCheckpoint(t *testing.T, dir string, dt tensor.DType, torchName string) string {
 	t.Helper()
+	return rewriteCheckpoint(t, dir, torchName, func(_ string, w *tensor.Tensor) *tensor.Tensor { return w.Cast(dt) })
+}
+
+// rewriteCheckpoint copies the checkpoint in dir (but its reference.json) to a new directory,
+// each weight of model.safetensors replaced by weight(name, w) and config.json's dtype set to
+// torchName.
+func rewriteCheckpoint(t *testing.T, dir, torchName string, weight func(name string, w *tensor.Tensor) *tensor.Tensor) string {
+	t.Helper()
 	out := t.TempDir()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
+		if e.Name() == "model.safetensors" || e.Name() == "reference.json" || e.IsDir() {
+			continue
+		}
 		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch e.Name() {
-		case "model.safetensors":
-			continue
-		case "config.json":
+		if e.Name() == "config.json" {
 			var cfg map[string]any
 			if err := json.Unmarshal(data, &cfg); err != nil {
 				t.Fatal(err)
@@ -434,7 +442,7 @@ func convertCheckpoint(t *testing.T, dir string, dt tensor.DType, torchName stri
 		if err != nil {
 			t.Fatal(err)
 		}
-		tensors[name] = w.Cast(dt)
+		tensors[name] = weight(name, w)
 	}
 	if err := safetensors.Write(filepath.Join(out, "model.safetensors"), tensors); err != nil {
 		t.Fatal(err)

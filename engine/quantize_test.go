@@ -2,9 +2,7 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -12,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/loom-ml/loom/internal/parity"
-	"github.com/loom-ml/loom/model/safetensors"
 	"github.com/loom-ml/loom/sample"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -28,71 +25,30 @@ var quantizedLinear = regexp.MustCompile(`^model\.layers\.\d+\.(self_attn|mlp)\.
 // weights it quantized.
 func dequantizedCopy(t *testing.T, dir string) (string, int) {
 	t.Helper()
-	out := t.TempDir()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if e.Name() == "model.safetensors" || e.Name() == "reference.json" || e.IsDir() {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.Name() == "config.json" {
-			var cfg map[string]any
-			if err := json.Unmarshal(data, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			delete(cfg, "torch_dtype")
-			cfg["dtype"] = "float32"
-			if data, err = json.Marshal(cfg); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(out, e.Name()), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tensors := map[string]*tensor.Tensor{}
 	quantized := 0
-	for _, name := range f.Names() {
-		w, err := f.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+	out := rewriteCheckpoint(t, dir, "float32", func(name string, w *tensor.Tensor) *tensor.Tensor {
 		w = w.Cast(tensor.F32)
-		if quantizedLinear.MatchString(name) {
-			quantized++
-			n, k := w.Shape[0], w.Shape[1]
-			deq := tensor.New(tensor.F32, n, k)
-			for r := range n {
-				amax := 0.0
-				for c := range k {
-					amax = math.Max(amax, math.Abs(float64(w.F32[r*k+c])))
-				}
-				scale := float32(amax) / 448
-				if amax == 0 {
-					scale = 1
-				}
-				for c := range k {
-					deq.F32[r*k+c] = tensor.F8E4M3ToF32(tensor.F32ToF8E4M3(w.F32[r*k+c]/scale)) * scale
-				}
-			}
-			w = deq
+		if !quantizedLinear.MatchString(name) {
+			return w
 		}
-		tensors[name] = w
-	}
-	if err := safetensors.Write(filepath.Join(out, "model.safetensors"), tensors); err != nil {
-		t.Fatal(err)
-	}
+		quantized++
+		n, k := w.Shape[0], w.Shape[1]
+		deq := tensor.New(tensor.F32, n, k)
+		for r := range n {
+			amax := 0.0
+			for c := range k {
+				amax = math.Max(amax, math.Abs(float64(w.F32[r*k+c])))
+			}
+			scale := float32(amax) / 448
+			if amax == 0 {
+				scale = 1
+			}
+			for c := range k {
+				deq.F32[r*k+c] = tensor.F8E4M3ToF32(tensor.F32ToF8E4M3(w.F32[r*k+c]/scale)) * scale
+			}
+		}
+		return deq
+	})
 	return out, quantized
 }
 
