@@ -129,28 +129,15 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 				target = et
 			}
 
-			var workload []bench.Request
-			var err error
-			switch {
-			case dataset != "":
-				workload, err = bench.LoadJSONL(dataset, numRequests, outputLen)
-			case tok != nil:
-				workload, err = bench.Synthetic(numRequests, inputLen, outputLen, vocab, tok.IsSpecial, seed)
-				if err == nil && chat {
-					err = idsToText(workload, tok)
-				}
-			default:
-				workload, err = bench.SyntheticText(numRequests, inputLen, outputLen, seed)
-			}
+			workload, err := benchWorkload(dataset, numRequests, inputLen, outputLen, vocab, tok, chat, seed)
 			if err != nil {
 				return err
 			}
-
 			if warmup > 0 {
-				// Unmeasured requests first: kernels compile, CUDA graphs are captured, caches fill.
-				warm := make([]bench.Request, warmup)
-				for i := range warm {
-					warm[i] = workload[i%len(workload)]
+				// Unmeasured requests first: kernels compile, CUDA graphs are captured.
+				warm, err := warmupRequests(dataset, workload, warmup, inputLen, outputLen, vocab, tok, chat, seed)
+				if err != nil {
+					return err
 				}
 				slog.Info("warming up", "requests", warmup)
 				if _, err := bench.Run(ctx, target, warm, bench.Config{Concurrency: concurrency, Seed: seed}); err != nil {
@@ -234,6 +221,45 @@ The report is a table, or JSON with --json; --output also writes the JSON to a f
 	f.DurationVar(&timeout, "request-timeout", 10*time.Minute, "time limit of one HTTP request")
 	ef.register(cmd)
 	return cmd
+}
+
+// benchWorkload makes the measured requests: n lines of the dataset, or n synthetic prompts
+// of inputLen tokens (token ids drawn from the vocabulary when the tokenizer is known, as text
+// for the chat endpoint; else common words).
+func benchWorkload(dataset string, n, inputLen, outputLen, vocab int, tok *tokenizer.Tokenizer, chat bool, seed uint64) ([]bench.Request, error) {
+	switch {
+	case dataset != "":
+		return bench.LoadJSONL(dataset, n, outputLen)
+	case tok != nil:
+		reqs, err := bench.Synthetic(n, inputLen, outputLen, vocab, tok.IsSpecial, seed)
+		if err == nil && chat {
+			err = idsToText(reqs, tok)
+		}
+		return reqs, err
+	default:
+		return bench.SyntheticText(n, inputLen, outputLen, seed)
+	}
+}
+
+// warmupSeed derives the seed of the warm-up prompts from the workload's, so that the two
+// share no prompt.
+const warmupSeed = 0x7761726d
+
+// warmupRequests makes n warm-up requests that share no prompt with the measured workload: a
+// server with prefix caching would otherwise answer the measured requests from the warm-up's
+// cached blocks and report a time to first token that no new prompt gets. Synthetic workloads
+// get other synthetic prompts of the same lengths; a dataset gets synthetic prompts of
+// inputLen tokens when the tokenizer is known, else its own first lines (with a warning).
+func warmupRequests(dataset string, workload []bench.Request, n, inputLen, outputLen, vocab int, tok *tokenizer.Tokenizer, chat bool, seed uint64) ([]bench.Request, error) {
+	if dataset != "" && tok == nil {
+		slog.Warn("warming up with the dataset's own requests (no tokenizer for synthetic ones): a server with prefix caching serves the measured ones' shared prefixes from its cache")
+		warm := make([]bench.Request, n)
+		for i := range warm {
+			warm[i] = workload[i%len(workload)]
+		}
+		return warm, nil
+	}
+	return benchWorkload("", n, inputLen, outputLen, vocab, tok, chat, seed^warmupSeed)
 }
 
 // idsToText turns token-id prompts into their text, for the chat endpoint.
