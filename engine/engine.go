@@ -43,11 +43,12 @@ var (
 
 // Options configure an Engine. Zero fields take the defaults noted.
 type Options struct {
-	// MaxBatch is the most sequences in one step (default 16).
+	// MaxBatch is the most sequences in one step (default 16 in host memory; on a GPU see
+	// New).
 	MaxBatch int
 	// MaxTokensPerStep is the most tokens one step computes, decodes and prefill chunks
-	// together (default 512, at least MaxBatch). A prompt longer than what is left of it is
-	// prefilled in chunks over several steps.
+	// together (default 512 in host memory, on a GPU see New; at least MaxBatch). A prompt
+	// longer than what is left of it is prefilled in chunks over several steps.
 	MaxTokensPerStep int
 	// KVBlocks is the number of KV cache blocks. When 0 it comes from KVCacheBytes, the
 	// cache's memory budget per rank; when that is 0 too, the cache holds MaxBatch sequences
@@ -181,10 +182,11 @@ func (s *sequence) generated() int { return len(s.tokens) - s.promptLen }
 // engine must be closed before the model. On rank 0 of a world of processes it runs every
 // rank (the others through the step transport); a follower runs Model.Follow instead.
 //
-// When opts sets no size for the KV cache (KVBlocks, KVCacheBytes) and the model's
-// executables keep it in device memory (a GPU), it takes deviceCacheFraction of the device
-// memory still free after the weights on the emptiest device of any rank, less
-// deviceReserveBytes for activations; in host memory, see Options.KVBlocks.
+// When the model's executables keep the KV cache in device memory (a GPU), the options left
+// at 0 are sized from that device (see deviceDefaults): the KV cache takes
+// deviceCacheFraction of the device memory still free after the weights on the emptiest
+// device of any rank, less deviceReserveBytes for activations, and MaxBatch and
+// MaxTokensPerStep are large enough to keep the GPU busy. In host memory, see Options.
 func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
 	if m == nil || m.Model == nil || m.Program == nil {
 		return nil, errors.New("engine: no model")
@@ -192,7 +194,7 @@ func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
 	if m.Follower() {
 		return nil, fmt.Errorf("engine: rank %d of a model loaded one process per rank follows rank 0 (Model.Follow); only rank 0 runs the engine", m.Rank())
 	}
-	if opts.KVBlocks == 0 && opts.KVCacheBytes == 0 && m.dep != nil && m.dep.FreeMemory != nil {
+	if m.dep != nil && m.dep.FreeMemory != nil {
 		free := m.dep.FreeMemory
 		if m.proc != nil {
 			free = func() (uint64, error) { return m.proc.leastFree(m) }
@@ -201,11 +203,62 @@ func New(ctx context.Context, m *Model, opts Options) (*Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		if opts.KVCacheBytes, err = deviceCacheBytes(least); err != nil {
+		if opts, err = deviceDefaults(opts, least); err != nil {
 			return nil, err
 		}
 	}
 	return newRanks(ctx, m.Ranks(), modelInfo(m.Model), opts, m.Mesh)
+}
+
+// The batch defaults on a GPU, as vLLM's max_num_seqs and max_num_batched_tokens: enough
+// sequences that a decode step's GEMMs read each weight once for many rows, and prefill
+// chunks long enough that attention and GEMMs run near the tensor cores' rate (an H200 run:
+// a 32,000-token prompt in chunks of 512 tokens took 1.10x the time of chunks of 8,192).
+// A device with less than deviceLargeBytes free after the weights gets smaller chunks, whose
+// activations take less of the memory reserved for them.
+const (
+	deviceMaxBatch        = 256
+	deviceTokensPerStep   = 8192
+	deviceSmallTokensStep = 2048
+	deviceLargeBytes      = 40 << 30
+)
+
+// deviceDefaults fills the options left at 0 for a GPU whose emptiest device has least bytes
+// free after the weights: the KV cache budget (deviceCacheBytes), MaxBatch and
+// MaxTokensPerStep; it logs what it picked.
+func deviceDefaults(opts Options, least uint64) (Options, error) {
+	var picked []any
+	if opts.KVBlocks == 0 && opts.KVCacheBytes == 0 {
+		b, err := deviceCacheBytes(least)
+		if err != nil {
+			return opts, err
+		}
+		opts.KVCacheBytes = b
+		picked = append(picked, "kv_cache_bytes", b)
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = deviceMaxBatch
+		if opts.MaxTokensPerStep > 0 {
+			opts.MaxBatch = min(opts.MaxBatch, opts.MaxTokensPerStep)
+		}
+		picked = append(picked, "max_batch", opts.MaxBatch)
+	}
+	if opts.MaxTokensPerStep == 0 {
+		opts.MaxTokensPerStep = deviceTokensPerStep
+		if least < deviceLargeBytes {
+			opts.MaxTokensPerStep = deviceSmallTokensStep
+		}
+		opts.MaxTokensPerStep = max(opts.MaxTokensPerStep, opts.MaxBatch)
+		picked = append(picked, "max_tokens_per_step", opts.MaxTokensPerStep)
+	}
+	if len(picked) > 0 {
+		logger := opts.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.Info("engine: sized from the GPU's free memory", append([]any{"free_after_weights_bytes", least}, picked...)...)
+	}
+	return opts, nil
 }
 
 // The default KV cache size in device memory: this fraction of the memory free after

@@ -50,8 +50,8 @@ type engineFlags struct {
 
 func (e *engineFlags) register(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.IntVar(&e.maxBatch, "max-batch", 0, "most sequences in one engine step (0: the engine's default, 16)")
-	f.IntVar(&e.tokensPerStp, "max-tokens-per-step", 0, "most tokens one step computes (0: the engine's default, 512)")
+	f.IntVar(&e.maxBatch, "max-batch", 0, "most sequences in one engine step (0: 16 on the CPU; on a GPU 256, logged at start)")
+	f.IntVar(&e.tokensPerStp, "max-tokens-per-step", 0, "most tokens one step computes (0: 512 on the CPU; on a GPU 8192, or 2048 with less than 40 GiB free after the weights)")
 	f.IntVar(&e.kvBlocks, "kv-blocks", 0, "KV cache blocks (0: from --kv-cache-bytes)")
 	f.Int64Var(&e.kvCacheBytes, "kv-cache-bytes", 0, "KV cache memory budget in bytes per rank (0: on the CPU max-batch full-context sequences, at most 1 GiB; on CUDA 90% of the GPU memory left after the weights, less 4 GiB)")
 	f.BoolVar(&e.noOptimize, "no-optimize", false, "run the plain graph, without the transform pipeline (not servable: the engine needs the paged KV cache)")
