@@ -525,6 +525,8 @@ func hostBytes(t *tensor.Tensor) []byte {
 		p = unsafe.Pointer(&t.I64[0])
 	case len(t.Bool) > 0:
 		p = unsafe.Pointer(&t.Bool[0])
+	case len(t.U8) > 0: // f8e4m3, f8e5m2
+		p = unsafe.Pointer(&t.U8[0])
 	default:
 		return nil
 	}

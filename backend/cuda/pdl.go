@@ -18,6 +18,7 @@ var pdlFiles = map[string]bool{
 	"paged.cu":       true,
 	"embedding.cu":   true,
 	"gemv.cu":        true,
+	"fp8.cu":         true,
 	"moe.cu":         true,
 	"packed.cu":      true,
 	"rope.cu":        true,

@@ -50,7 +50,11 @@ func pdlInstances() map[string][]string {
 			"ADD_RMSNORM_VEC(BF16, bf16, BF16, bf16, F32, f32, 8, 4)", "ADD_RMSNORM_VEC(F32, f32, BF16, bf16, BF16, bf16, 4, 8)",
 		},
 		"paged.cu": paged,
-		"moe.cu":   {moeInstances[0], moeInstances[1]},
+		"fp8.cu": {
+			"DEQUANT_FP8(dq1, true, BF16, F32)", "FP8_GEMV(fg1, 1, 2, 4, BF16, true, F32, false)",
+			"FP8_GEMV(fg2, 2, 4, 2, F32, false, BF16, true)", "FP8_GEMV_GENERIC(fgg, 3, BF16, true, Half16)",
+		},
+		"moe.cu": {moeInstances[0], moeInstances[1]},
 	}
 }
 
