@@ -70,6 +70,8 @@ func (p *Program) bindCollective(n *graph.Node) (*collective, error) {
 		c.Strategy = ""
 	case "reduce_scatter":
 		c.Strategy = ""
+	case "ring_shift": // bound as an all_gather along a new leading axis, as on the CPU (cp.go)
+		c.Op, c.Strategy, c.Axis = "all_gather", "", 0
 	}
 	b, err := c.Bind(p.mesh, p.rank)
 	if err != nil {
