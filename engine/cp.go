@@ -31,14 +31,15 @@ func cpSize(m dist.Mesh) int {
 }
 
 // checkCP refuses what context parallelism cannot run yet: one process per rank, and
-// devices other than the CPU.
+// devices other than the CPU and CUDA (whose backends have the attention_partial,
+// paged_attention_partial, attention_merge, ring_shift and all_to_all kernels).
 func checkCP(opts LoadOptions, device string) error {
 	cp := cpSize(opts.Mesh)
 	switch {
 	case cp <= 1:
 		return nil
-	case device != "cpu":
-		return fmt.Errorf("mesh %q: context parallelism (cp=%d) runs on the cpu device only; the %s backend has no attention_partial/attention_merge/ring_shift kernels yet", opts.Mesh, cp, device)
+	case device != "cpu" && device != "cuda":
+		return fmt.Errorf("mesh %q: context parallelism (cp=%d) runs on the cpu and cuda devices only; the %s backend has no attention_partial/attention_merge/ring_shift kernels", opts.Mesh, cp, device)
 	case opts.Process != nil:
 		return fmt.Errorf("mesh %q: context parallelism (cp=%d) runs its ranks in one process only", opts.Mesh, cp)
 	}
