@@ -23,8 +23,10 @@ import (
 //	               16-byte loads; for more rows the weight is dequantized to x's dtype into the
 //	               step's workspace and multiplied as linear does (cuBLAS).
 //
-// The decode GEMV takes the bf16 GEMV's tiling (gemvTilingFor) with two rows per warp for
-// one row of x (so that each x value read serves two weight rows).
+// The decode GEMV takes the bf16 GEMV's tiling (gemvTilingFor), but for one row of x: two
+// rows per warp (each x value read and widened serves two weight rows), and for N <= 2048
+// one row per warp in blocks of 4 warps (a k or v projection of 1024 rows still fills the
+// GPU). Not measured against other tilings yet.
 
 // fp8GemvMaxM is the most rows of x the FP8 GEMV takes; more go through a dequantized
 // weight and cuBLAS.
@@ -269,7 +271,10 @@ func planFP8Gemv(x, w *Tensor, s fp8Scheme, M int) fp8GemvPlan {
 		return fp8GemvPlan{generic: true}
 	}
 	cfg := gemvTilingFor(M, N)
-	if M == 1 && cfg.rows == 1 {
+	switch {
+	case M == 1 && N <= 2048:
+		cfg = gemvConfig{rows: 1, unroll: 8, warps: 4}
+	case M == 1 && cfg.rows == 1:
 		cfg = gemvConfig{rows: 2, unroll: 4, warps: 8}
 	}
 	return fp8GemvPlan{cfg: cfg, bkshift: bits.TrailingZeros(uint(s.bk))}
@@ -277,10 +282,14 @@ func planFP8Gemv(x, w *Tensor, s fp8Scheme, M int) fp8GemvPlan {
 
 // fp8Gemv queues the FP8 GEMV for M <= fp8GemvMaxM rows of x (shapes checked by linearFP8).
 func fp8Gemv(d *Device, out, x, w, scale *Tensor, s fp8Scheme, M int) error {
+	return launchFP8Gemv(d, out, x, w, scale, s, M, planFP8Gemv(x, w, s, M))
+}
+
+// launchFP8Gemv queues the FP8 GEMV of plan p.
+func launchFP8Gemv(d *Device, out, x, w, scale *Tensor, s fp8Scheme, M int, p fp8GemvPlan) error {
 	wn, sn, _ := fp8Names(w, scale)
 	xn := dtypeName(x.DType)
 	N, K := w.Shape[0], w.Shape[1]
-	p := planFP8Gemv(x, w, s, M)
 	if p.generic {
 		name := fmt.Sprintf("fp8_gemv_generic_%s_%s_%s_m%d", xn, wn, sn, M)
 		inst := fmt.Sprintf("FP8_GEMV_GENERIC(%s, %d, %s, %s, %s)", name, M, fp8Trait(x.DType), fp8IsE4M3(w.DType), fp8Trait(scale.DType))

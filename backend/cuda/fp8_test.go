@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
@@ -59,8 +61,9 @@ func fp8SchemeCases() []fp8SchemeCase {
 }
 
 // fp8Shapes are weights [N,K]: K a multiple of 16 or not, N and K no multiples of 128, last
-// blocks cut short.
-var fp8Shapes = [][2]int{{1, 16}, {37, 1000}, {129, 400}, {300, 2064}, {65, 777}}
+// blocks cut short; N past 2048 and 16384 and K of 8208 for the GEMV's other tilings and its
+// main loop (one row of x: 2 rows per warp, 4 rows per warp, 8 loads in flight).
+var fp8Shapes = [][2]int{{1, 16}, {37, 1000}, {129, 400}, {300, 2064}, {65, 777}, {40, 8208}, {2100, 48}, {16390, 32}}
 
 // randFP8 returns random fp8 bytes of dtype dt; finite leaves out the NaN (and e5m2
 // infinity) patterns, which the 16-byte GEMV reads as finite values.
@@ -275,5 +278,62 @@ func TestFP8KernelsCompile(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Errorf("no kernel in the ptxas log:\n%s", log)
+	}
+}
+
+// TestFP8GemvTimings times the FP8 GEMV for one row of x on the Llama-3.1-8B decode shapes
+// (channel scales, bf16 x) with the plan's tiling and others, beside the bf16 GEMV on the
+// same shapes, when LOOM_CUDA_TIMINGS=1: graph-replayed calls rotating through 1 GiB of
+// weight copies, so that every weight comes from HBM.
+func TestFP8GemvTimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	const pool = 1 << 30
+	rng := rand.New(rand.NewPCG(82, 82))
+	buf := coldWeights(t, d, rng, pool)
+	scale := up(t, d, randScale(rng, tensor.F32, []int{28672, 1}))[0]
+	s := fp8Scheme{kind: 1, bn: 1, bk: 1}
+	timeCalls := func(n int, call func(i int) error) float64 {
+		var el time.Duration
+		err := d.do(func() error {
+			if err := call(0); err != nil { // compiles the kernel before the capture
+				return err
+			}
+			var err error
+			el, err = capturedCallTime(d, n, 3, call)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return el.Seconds() * 1e6
+	}
+	for _, nk := range [][2]int{{4096, 4096}, {1024, 4096}, {6144, 4096}, {14336, 4096}, {28672, 4096}, {4096, 14336}} {
+		N, K := nk[0], nk[1]
+		x := up(t, d, randTensor(rng, tensor.BF16, []int{1, K}, -1, 1))[0]
+		out := zeroed(t, d, tensor.BF16, 1, N)
+		sc := &Tensor{DType: tensor.F32, Shape: []int{N, 1}, ptr: scale.ptr, dev: d}
+		weight := func(dt tensor.DType, i int) *Tensor {
+			size := N * K * dt.Size()
+			return &Tensor{DType: dt, Shape: []int{N, K}, ptr: buf.ptr + cubind.DevicePtr(i%(pool/size)*size), dev: d}
+		}
+		gp, _ := gemvFits(x, weight(tensor.BF16, 0))
+		bf := timeCalls(2*pool/(2*N*K), func(i int) error { return launchGemv(d, out, x, weight(tensor.BF16, i), gp) })
+		line := fmt.Sprintf("[%d,%d] bf16 gemv %.1f µs (%.0f GB/s); fp8", N, K, bf, 2*float64(N*K)/bf/1e3)
+		for _, tl := range []gemvConfig{{}, {1, 8, 8}, {1, 8, 4}, {2, 4, 8}, {2, 8, 8}, {4, 2, 4}, {4, 4, 4}} {
+			p := planFP8Gemv(x, weight(tensor.F8E4M3, 0), s, 1)
+			if tl != (gemvConfig{}) {
+				p.cfg = tl
+			}
+			us := timeCalls(2*pool/(N*K), func(i int) error { return launchFP8Gemv(d, out, x, weight(tensor.F8E4M3, i), sc, s, 1, p) })
+			mark := ""
+			if tl == (gemvConfig{}) {
+				mark = "plan "
+			}
+			line += fmt.Sprintf(" %s%v %.1f µs (%.0f GB/s);", mark, p.cfg, us, float64(N*K)/us/1e3)
+		}
+		t.Log(line)
 	}
 }
