@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -612,4 +613,71 @@ func TestCPTwoGPUs(t *testing.T) {
 		compare(t, "cp_ring_graph", fmt.Sprintf("cp=2 rank %d o", r), outs[r][1][0], want[0], cpTol)
 		compare(t, "cp_ring_graph", fmt.Sprintf("cp=2 rank %d lse", r), finiteLSE(outs[r][1][1]), finiteLSE(want[1]), cpTol)
 	}
+}
+
+// TestCPTimings times the cp kernels with LOOM_CUDA_TIMINGS=1 (bf16, H32 KV8 D128): a ring
+// step's attention_partial over a block of keys every query sees (the off-diagonal blocks
+// of ring attention) against sdpa's causal attention of the same length, decode over a
+// rank's paged share with paged_attention_partial, and attention_merge.
+func TestCPTimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	const H, KV, D = 32, 8, 128
+	zeros := func(dt tensor.DType, shape ...int) *Tensor { return zeroed(t, d, dt, shape...) }
+	for _, S := range []int{512, 2048, 8192} {
+		q, k, v := zeros(tensor.BF16, 1, 1, H, S, D), zeros(tensor.BF16, 1, 1, KV, S, D), zeros(tensor.BF16, 1, 1, KV, S, D)
+		qp, kp := tensor.New(tensor.I64, 1, 1, S), tensor.New(tensor.I64, 1, 1, S)
+		for i := range S {
+			qp.I64[i], kp.I64[i] = int64(S+i), int64(i)
+		}
+		pos := up(t, d, qp, kp)
+		o, lse := zeros(tensor.F32, 1, 1, H, S, D), zeros(tensor.F32, 1, 1, H, S)
+		per, err := wallTime(d, 2, 10, func() error { return AttentionPartial(d, o, lse, q, k, v, pos[0], pos[1], 0.088, 0) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		flops := 4.0 * D * H * float64(S) * float64(S)
+		q4, _ := q.View(1, H, S, D)
+		k4, _ := k.View(1, KV, S, D)
+		v4, _ := v.View(1, KV, S, D)
+		p2, _ := pos[1].View(1, S)
+		out := zeros(tensor.BF16, 1, H, S, D)
+		ref, err := wallTime(d, 2, 10, func() error { return SDPA(d, out, q4, k4, v4, p2, 0.088, 0) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("attention_partial bf16 H32 KV8 D128 Sq=Sk=%-5d %9.1f µs  %.1f TFLOP/s; sdpa causal S=%d %9.1f µs  %.1f TFLOP/s",
+			S, per.Seconds()*1e6, flops/per.Seconds()/1e12, S, ref.Seconds()*1e6, flops/2/ref.Seconds()/1e12)
+	}
+	rng := rand.New(rand.NewPCG(22, 8))
+	for _, tc := range []struct{ N, ctx int }{{1, 4096}, {8, 4096}, {64, 1024}} {
+		counts := slices.Repeat([]int{tc.ctx}, tc.N)
+		l := newCPPagedLayout(rng, tensor.I32, counts, 16, 1, 2, tc.N)
+		for i := range 2 * tc.N { // every query reads all of its sequence's keys
+			setInt(l.qseq, i, i%tc.N)
+			setInt(l.qpos, i, 1<<30)
+		}
+		idx := up(t, d, l.qpos, l.slots, l.qseq, l.tables, l.kvp)
+		in := []*Tensor{zeros(tensor.BF16, 2, 1, H, tc.N, D), zeros(tensor.BF16, 1, KV, 1, D), zeros(tensor.BF16, 1, KV, 1, D), idx[0],
+			zeros(tensor.BF16, l.NB, 16, KV, D), zeros(tensor.BF16, l.NB, 16, KV, D), idx[1], idx[2], idx[3], idx[4]}
+		o, lse := zeros(tensor.F32, 2, 1, H, tc.N, D), zeros(tensor.F32, 2, 1, H, tc.N)
+		per, err := wallTime(d, 2, 10, func() error { return PagedAttentionPartial(d, o, lse, in, 0.088, 0) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		bytes := 2.0 * float64(tc.N) * float64(tc.ctx) * KV * D * 2 * 2 // 2 query blocks, K and V, bf16
+		t.Logf("paged_attention_partial decode bf16 H32 KV8 D128 2x%d queries ctx %-5d %9.1f µs  %.0f GB/s of K/V read",
+			tc.N, tc.ctx, per.Seconds()*1e6, bytes/per.Seconds()/1e9)
+	}
+	rows := H * 8192
+	a, b := zeros(tensor.F32, rows, D), zeros(tensor.F32, rows, D)
+	la, lb := zeros(tensor.F32, rows), zeros(tensor.F32, rows)
+	o, lse := zeros(tensor.F32, rows, D), zeros(tensor.F32, rows)
+	per, err := wallTime(d, 2, 10, func() error { return AttentionMerge(d, o, lse, a, la, b, lb) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("attention_merge f32 %d rows of %d %9.1f µs  %.0f GB/s", rows, D, per.Seconds()*1e6, float64(rows)*(3*D+3)*4/per.Seconds()/1e9)
 }

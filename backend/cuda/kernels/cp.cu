@@ -33,9 +33,9 @@
 #define CP_BC 32
 #define CP_HIDDEN ((i64)1 << 62)
 
-// cp_shared_floats is the dynamic shared memory of cp_flash in floats (plus 8 bytes per key
-// of a tile for the positions, at an 8-byte aligned offset).
-// Layout: Ks[CP_BC][D+1] (padded against bank conflicts), Vs[CP_BC][D], Qs[CP_BR][D], Kpos.
+// Dynamic shared memory of cp_flash (cpShared in cp.go): Ks[CP_BC][D+1] (padded against
+// bank conflicts), Vs[CP_BC][D], Qs[CP_BR][D] as floats, then Kpos[CP_BC] as i64 at an
+// 8-byte aligned offset.
 
 // cp_flash runs the online softmax of the block's rows over nkeys keys and writes each
 // active row's o (f32, D elements at orow[j]) and lse (at lrow[j]). Qs must hold the rows'
