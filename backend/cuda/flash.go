@@ -12,11 +12,13 @@ import (
 // mma.sync for bf16 q and a bf16 paged cache, used by pagedAttention in place of
 // paged_prefill when flashApplies.
 
-// faWarps and faRows mirror FA_WARPS and FA_BR in flash.cu.
-const (
-	faWarps = 4
-	faRows  = 16 * faWarps
-)
+// flashWarps is the kernel's W, the warps of a block (4 or 8): a block covers 16*W rows of
+// (token, query head) and loads each K/V tile once for all of them. Tests change it to
+// compare the two.
+var flashWarps = 8
+
+// flashRows is the rows of one block of the kernel.
+func flashRows() int { return 16 * flashWarps }
 
 // flashPrefillEnabled selects the tensor-core prefill where it applies; when false every
 // prefill runs paged_prefill.
@@ -25,7 +27,7 @@ var flashPrefillEnabled = true
 // flashPSplit is the kernel's PS: 2 multiplies the values by P split into two bf16 terms
 // (hi and the rounded remainder), 1 by P rounded once to bf16 (see flash.cu's numerics).
 // Tests change it to compare the two.
-var flashPSplit = 2
+var flashPSplit = 1
 
 // flashCols is the key positions of one K/V tile of the kernel for head size D.
 func flashCols(D int) int {
@@ -35,19 +37,19 @@ func flashCols(D int) int {
 	return 32
 }
 
-// flashShared is the dynamic shared memory of the kernel for head size D: Q [faRows][D+8],
+// flashShared is the dynamic shared memory of the kernel for head size D: Q [rows][D+8],
 // K and V [2][BC][D+8] bf16, tile slots [3][BC] and the tokens' sequence, lo and hi
-// [faRows] int32.
+// [rows] int32.
 func flashShared(D int) int {
-	sd, bc := D+8, flashCols(D)
-	return (faRows*sd+4*bc*sd)*2 + (3*bc+3*faRows)*4
+	sd, bc, br := D+8, flashCols(D), flashRows()
+	return (br*sd+4*bc*sd)*2 + (3*bc+3*br)*4
 }
 
 // flashKernel returns the instantiation and the name of the kernel for head size D and
-// split ps.
+// split ps (with flashWarps warps).
 func flashKernel(D, ps int) (inst, name string) {
-	bc := flashCols(D)
-	return fmt.Sprintf("FLASH_PREFILL(%d, %d, %d)", D, bc, ps), fmt.Sprintf("flash_prefill_bf16_d%d_c%d_p%d", D, bc, ps)
+	bc, w := flashCols(D), flashWarps
+	return fmt.Sprintf("FLASH_PREFILL(%d, %d, %d, %d)", D, bc, ps, w), fmt.Sprintf("flash_prefill_bf16_d%d_c%d_p%d_w%d", D, bc, ps, w)
 }
 
 // flashApplies reports whether the tensor-core kernel can serve a prefill of q[1,H,S,D]
@@ -62,7 +64,7 @@ func flashApplies(qdt, cdt tensor.DType, H, KV, S, D, BS, M, major, sharedOptin 
 	if D%16 != 0 || D == 0 || D > 256 || KV == 0 || H%KV != 0 {
 		return false
 	}
-	tiles := (int64(S)*int64(H/KV) + faRows - 1) / faRows
+	tiles := (int64(S)*int64(H/KV) + int64(flashRows()) - 1) / int64(flashRows())
 	return tiles <= 65535 && int64(M)*int64(BS) <= math.MaxInt32-1024 && flashShared(D) <= sharedOptin
 }
 
@@ -93,8 +95,8 @@ func flashPrefill(d *Device, out *Tensor, in []*Tensor, scale float32, window in
 	H, S, D, KV := q.Shape[1], q.Shape[2], q.Shape[3], in[1].Shape[1]
 	NB, BS, N, M := kc.Shape[0], kc.Shape[1], tables.Shape[0], tables.Shape[1]
 	inst, name := flashKernel(D, flashPSplit)
-	tiles := (S*(H/KV) + faRows - 1) / faRows
-	err := d.launchX("flash.cu", inst, name, cubind.Dim3{X: KV, Y: tiles, Z: 1}, cubind.Dim3{X: faWarps * 32, Y: 1, Z: 1}, flashShared(D), func(a *cubind.Args) {
+	tiles := (S*(H/KV) + flashRows() - 1) / flashRows()
+	err := d.launchX("flash.cu", inst, name, cubind.Dim3{X: KV, Y: tiles, Z: 1}, cubind.Dim3{X: flashWarps * 32, Y: 1, Z: 1}, flashShared(D), func(a *cubind.Args) {
 		a.Ptr(out.ptr).Ptr(q.ptr).Ptr(kc.ptr).Ptr(vc.ptr).
 			Ptr(pos.ptr).I32(is64(pos)).Ptr(seqs.ptr).I32(is64(seqs)).Ptr(tables.ptr).I32(is64(tables)).
 			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(NB)).I32(int32(BS)).I32(int32(N)).I32(int32(M)).

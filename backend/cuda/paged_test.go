@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -510,35 +511,41 @@ func TestFlashPrefillMatchesCPU(t *testing.T) {
 			t.Fatalf("%s: the tensor-core prefill does not apply", c.name)
 		}
 		paged = append(paged, c.kernels()[0]) // the cache write
-		for _, ps := range []int{1, 2} {
-			inst, _ := flashKernel(c.D, ps)
+	}
+	variants := [][2]int{{2, 4}, {1, 4}, {1, 8}, {2, 8}} // PS, W
+	defer func(ps, w int) { flashPSplit, flashWarps = ps, w }(flashPSplit, flashWarps)
+	for _, v := range variants {
+		flashWarps = v[1]
+		for _, c := range cases {
+			inst, _ := flashKernel(c.D, v[0])
 			flash = append(flash, inst)
 		}
 	}
 	precompile(t, d, "paged.cu", paged)
 	precompile(t, d, "flash.cu", flash)
-	defer func(ps int) { flashPSplit = ps }(flashPSplit)
-	for _, ps := range []int{2, 1} {
-		flashPSplit = ps
+	for _, v := range variants {
+		flashPSplit, flashWarps = v[0], v[1]
 		rng := rand.New(rand.NewPCG(29, 31))
 		for _, c := range cases {
-			c.name += fmt.Sprintf(" PS%d", ps)
+			c.name += fmt.Sprintf(" PS%d W%d", v[0], v[1])
 			c.run(t, d, rng)
 		}
 	}
 }
 
-// The tensor-core prefill compiles with NVRTC for head sizes 64, 80, 128 and 256 and both
-// splits of P; this needs NVRTC only, not a GPU.
+// The tensor-core prefill compiles with NVRTC for head sizes 64, 80, 128 and 256, both
+// splits of P and both block sizes; this needs NVRTC only, not a GPU.
 func TestFlashKernelsCompile(t *testing.T) {
 	arch := nvrtcArch(t)
+	defer func(w int) { flashWarps = w }(flashWarps)
 	var wg sync.WaitGroup
 	for _, D := range []int{64, 80, 128, 256} {
-		for _, ps := range []int{1, 2} {
+		for _, v := range [][2]int{{1, 8}, {2, 4}} {
+			flashWarps = v[1]
+			inst, name := flashKernel(D, v[0])
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				inst, name := flashKernel(D, ps)
 				start := time.Now()
 				cubin := compileOnly(t, "flash.cu", inst, arch)
 				if cubin == nil {
@@ -556,8 +563,8 @@ func TestFlashKernelsCompile(t *testing.T) {
 
 // TestFlashPrefillTimings times the prefill of paged_attention on Llama-3.1-8B shapes (H 32,
 // KV 8, D 128, bf16 cache of blocks of 16) when LOOM_CUDA_TIMINGS=1: the tensor-core kernel
-// with P split (PS2) and rounded once (PS1), and paged_prefill, in µs per call (cache write
-// included).
+// with P split (PS2) and rounded once (PS1), with blocks of 4 and 8 warps, and paged_prefill,
+// in µs per call (cache write included).
 func TestFlashPrefillTimings(t *testing.T) {
 	d := gpu(t)
 	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
@@ -565,8 +572,13 @@ func TestFlashPrefillTimings(t *testing.T) {
 	}
 	const H, KV, D, BS = 32, 8, 128, 16
 	rng := rand.New(rand.NewPCG(3, 4))
-	defer func(ps int, on bool) { flashPSplit, flashPrefillEnabled = ps, on }(flashPSplit, flashPrefillEnabled)
-	for _, tc := range []struct{ N, ctx, nw int }{{1, 0, 1024}, {1, 0, 2048}, {4, 1024, 512}, {1, 0, 8192}} {
+	defer func(ps, w int, on bool) { flashPSplit, flashWarps, flashPrefillEnabled = ps, w, on }(flashPSplit, flashWarps, flashPrefillEnabled)
+	// Whole prompts, and 512- and 8192-token chunks of a long prompt late in its prefill.
+	for _, tc := range []struct{ N, ctx, nw int }{{1, 0, 1024}, {1, 0, 2048}, {4, 1024, 512}, {1, 0, 8192}, {1, 0, 32768},
+		{1, 15872, 512}, {1, 31744, 512}, {1, 24576, 8192}} {
+		if !timingCase(tc.N, tc.ctx) {
+			continue
+		}
 		ctx, nw := make([]int, tc.N), make([]int, tc.N)
 		for i := range ctx {
 			ctx[i], nw[i] = tc.ctx, tc.nw
@@ -583,11 +595,14 @@ func TestFlashPrefillTimings(t *testing.T) {
 		}
 		flops *= 4 * D * H
 		for _, v := range []struct {
-			name string
-			on   bool
-			ps   int
-		}{{"flash PS2", true, 2}, {"flash PS1", true, 1}, {"paged_prefill", false, 2}} {
-			flashPrefillEnabled, flashPSplit = v.on, v.ps
+			name  string
+			on    bool
+			ps, w int
+		}{{"flash PS2 W4", true, 2, 4}, {"flash PS1 W4", true, 1, 4}, {"flash PS2 W8", true, 2, 8}, {"flash PS1 W8", true, 1, 8}, {"paged_prefill", false, 2, 4}} {
+			if !v.on && tc.ctx+tc.nw > 8192 {
+				continue // minutes at these lengths
+			}
+			flashPrefillEnabled, flashPSplit, flashWarps = v.on, v.ps, v.w
 			per, err := wallTime(d, 3, 20, func() error { return PagedAttention(d, out, in, nil, 0.088, 0, false) })
 			if err != nil {
 				t.Fatal(err)
@@ -600,7 +615,8 @@ func TestFlashPrefillTimings(t *testing.T) {
 
 // The decode kernel matches the CPU in every shape of launch the plan picks: 64 and 16
 // sequences of short contexts (blocks of 4 and 16 warps, no split), 32 (8 warps), one
-// short and one long context (16 warps; splits), block tables padded to a power of two as
+// short and one long context (16 warps; splits), one past 32k positions (16 warps and
+// splits), block tables padded to a power of two as
 // the engine pads them, 8 query heads per KV head (vectors narrowed to 32 lanes a row),
 // D = 256 in f32 with 8 query heads per KV head (two head groups), a bf16 cache under f32
 // activations and the other way round, block sizes 1 and 32, windows.
@@ -631,6 +647,7 @@ func TestPagedDecodePlansMatchCPU(t *testing.T) {
 	add("32 short contexts", ctxs(32, 1, 150), 16, 8, 4, 128, 30, bf, bf)
 	add("1 short context", []int{140}, 16, 8, 4, 128, 0, bf, bf)
 	add("1 long context", []int{2000}, 16, 8, 4, 128, 0, bf, bf)
+	add("1 context past 32k positions (16 warps, 16 splits)", []int{33000}, 16, 8, 4, 128, 0, bf, bf)
 	add("4 long contexts, window", ctxs(4, 900, 1100), 16, 8, 4, 128, 200, bf, bf)
 	add("G8", ctxs(3, 100, 300), 16, 2, 8, 128, 0, bf, bf)
 	add("G8 f32 D256", ctxs(2, 50, 200), 16, 2, 8, 256, 0, f32, f32)
@@ -698,7 +715,11 @@ func TestPagedDecodeTimings(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	var cases []struct{ H, KV, N, ctx int }
 	for _, hk := range [][2]int{{32, 8}, {16, 4}} { // Llama-3.1-8B on one GPU and per GPU at tp=2
-		for _, nc := range [][2]int{{64, 140}, {1, 140}, {4, 140}, {16, 140}, {64, 1024}, {16, 1024}, {4, 1024}, {1, 1024}, {1, 2048}, {1, 8192}} {
+		for _, nc := range [][2]int{{64, 140}, {1, 140}, {4, 140}, {16, 140}, {64, 1024}, {16, 1024}, {4, 1024}, {1, 1024}, {1, 2048}, {1, 8192},
+			{1, 32768}, {64, 1280}, {256, 140}} {
+			if !timingCase(nc[0], nc[1]) {
+				continue
+			}
 			cases = append(cases, struct{ H, KV, N, ctx int }{hk[0], hk[1], nc[0], nc[1]})
 		}
 	}
@@ -770,6 +791,13 @@ func TestPagedDecodeTimings(t *testing.T) {
 			}
 		}
 	}
+}
+
+// timingCase reports whether the timing tests time n sequences of ctx positions:
+// LOOM_CUDA_TIMING_CASES, when set, lists the cases to time as N:ctx,N:ctx...
+func timingCase(n, ctx int) bool {
+	only := os.Getenv("LOOM_CUDA_TIMING_CASES")
+	return only == "" || slices.Contains(strings.Split(only, ","), fmt.Sprintf("%d:%d", n, ctx))
 }
 
 var mergeNames = map[int]string{mergeCombine: "combine", mergeTicket: "ticket ", mergeCluster: "cluster"}

@@ -8,8 +8,8 @@
 // Token t (of sequence token_seq[t], at position positions[0,t]) sees the cached positions
 // lo..hi, hi = positions[0,t], lo = max(0, hi-window+1) with a window, else 0.
 //
-// Grid (KV, ceil(S*G/FA_BR)), G = H/KV; block FA_WARPS warps. A block covers FA_BR = 16 *
-// FA_WARPS consecutive rows of the (token, query head of the KV head's group) space of one KV
+// Grid (KV, ceil(S*G/BR)), G = H/KV; block W warps (4 or 8). A block covers BR = 16 * W
+// consecutive rows of the (token, query head of the KV head's group) space of one KV
 // head, i.e. several tokens and all G query heads that share the KV head; warp w owns rows
 // 16w..16w+15 (one m16 tile). The blocks of the latest tokens, which see the longest
 // contexts, are scheduled first. Tokens of several sequences in one block are served one
@@ -42,11 +42,8 @@
 // positions are skipped; a row that sees no key gives NaN.
 //
 // Index inputs are i32 or i64, chosen at run time. Positions fit in int (the host checks
-// M*BS). The file holds templates only: backend/cuda appends FLASH_PREFILL(D, BC, PS)
+// M*BS). The file holds templates only: backend/cuda appends FLASH_PREFILL(D, BC, PS, W)
 // instantiations.
-
-#define FA_WARPS 4
-#define FA_BR (16 * FA_WARPS)
 
 __device__ __forceinline__ unsigned fa_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -126,10 +123,10 @@ __device__ __forceinline__ bool fa_advance(FaTile& it, int bc, int ntok, const i
   return true;
 }
 
-// flash_prefill: see the file comment. Shared memory (SD = D+8 elements): Qs [FA_BR][SD],
+// flash_prefill: see the file comment. Shared memory (SD = D+8 elements): Qs [BR][SD],
 // Ks [2][BC][SD], Vs [2][BC][SD] bf16, then ints: tile slots [3][BC], the block's tokens'
-// sequence (-1: reads nothing), lo and hi [FA_BR] each.
-template <int D, int BC, int PS>
+// sequence (-1: reads nothing), lo and hi [BR] each.
+template <int D, int BC, int PS, int W>
 __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
                                                    const void* pos, int p64, const void* seqs, int q64,
                                                    const void* tables, int t64, int H, int KVH, int S, int NB,
@@ -137,7 +134,8 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
                                                    int tm) {
   pdl_begin();
   static_assert(D % 16 == 0 && D >= 16 && D <= 256, "D must be a multiple of 16 up to 256");
-  static_assert(BC % 16 == 0 && BC <= FA_WARPS * 32, "BC must be a multiple of 16 up to the block's threads");
+  static_assert(BC % 16 == 0 && BC <= W * 32, "BC must be a multiple of 16 up to the block's threads");
+  constexpr int FA_BR = 16 * W;  // rows of the block
   static_assert(PS == 1 || PS == 2, "PS is 1 or 2");
   constexpr int SD = D + 8;     // shared row stride in elements
   constexpr int CH = D / 8;     // 16-byte chunks per row
@@ -406,11 +404,11 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   }
 }
 
-#define FLASH_PREFILL(D, BC, PS)                                                                                 \
-  extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) flash_prefill_bf16_d##D##_c##BC##_p##PS(         \
+#define FLASH_PREFILL(D, BC, PS, W)                                                                              \
+  extern "C" __global__ void __launch_bounds__(W * 32) flash_prefill_bf16_d##D##_c##BC##_p##PS##_w##W(          \
       bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const void* pos, int p64, const void* seqs,      \
       int q64, const void* tables, int t64, int H, int KVH, int S, int NB, int BS, int N, int M, float scale,   \
       int window, int* err, int tm) {                                                                                \
-    flash_prefill_impl<D, BC, PS>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, KVH, S, NB, BS, N, M,    \
+    flash_prefill_impl<D, BC, PS, W>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, KVH, S, NB, BS, N, M,    \
                                   scale, window, err, tm);                                                          \
   }
