@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -16,9 +15,11 @@ import (
 // presents each weight it quantizes as f8e4m3 [N,K] and adds its scale tensor f32 [N,1],
 // computed from the stored bf16, f16 or f32 weight row by row: scale = amax(|row|)/448 (1 for a
 // row of zeros), value = w/scale rounded to the nearest f8e4m3, ties to even, saturating at
-// ±448 (tensor.F32ToF8E4M3). Each row is quantized whole before any slice is cut from it, so
-// the ranks of a row-parallel split see the same scales as the unsplit weight, and a
-// column-parallel split (rows) reads its rows' scales, which depend on those rows only.
+// ±448 (tensor.F32ToF8E4M3, computed by tensor.F32ToF8E4M3Fast). Each row's scale is taken
+// from the whole stored row before any slice is cut from it, so the ranks of a row-parallel
+// split (columns) see the same scales as the unsplit weight, and a column-parallel split
+// (rows) reads its rows' scales, which depend on those rows only. The rows are quantized in
+// parallel as they are read (quantize_fp8_rows.go).
 
 // loadQuant is the checkpoint's table of weights quantized while loading.
 type loadQuant struct {
@@ -102,7 +103,10 @@ func (c *Checkpoint) resolveQuant(ref graph.ParamRef, info TensorInfo) error {
 }
 
 // loadQuant reads a weight quantized while loading, or its scale (ref checked by
-// resolveQuant): the stored rows the slice needs, whole, quantized row by row.
+// resolveQuant): the stored rows the slice needs, whole, quantized row by row in parallel as
+// they are read, block by block (quantize_fp8_rows.go), into the f8 result: no copy of the
+// weight in its stored dtype or in f32. A column slice converts only its columns, with the
+// whole rows' scales. A scale read before its weight computes only the scales.
 func (c *Checkpoint) loadQuant(ref graph.ParamRef, info TensorInfo) (*tensor.Tensor, error) {
 	key, isScale := ref.Key, info.DType == tensor.F32
 	if isScale {
@@ -111,9 +115,9 @@ func (c *Checkpoint) loadQuant(ref graph.ParamRef, info TensorInfo) (*tensor.Ten
 	f := c.where[key]
 	dim, index, count := ref.SliceDim, ref.SliceIndex, ref.SliceCount
 	sliced := dim >= 0 && (count != 0 || index != 0)
-	rows, readDim := weightRows{key, 0, 1}, -1
+	rows := weightRows{key, 0, 1}
 	if sliced && dim == 0 { // rows: per-row scales depend on those rows only
-		rows.index, rows.count, readDim = index, count, 0
+		rows.index, rows.count = index, count
 	}
 	if isScale {
 		c.quant.mu.Lock()
@@ -123,69 +127,48 @@ func (c *Checkpoint) loadQuant(ref graph.ParamRef, info TensorInfo) (*tensor.Ten
 			return s, nil
 		}
 	}
-	w, err := f.Slice(key, readDim, rows.index, rows.count)
-	if err != nil {
-		return nil, err
+	stored, ok := f.Info(key)
+	if !ok {
+		return nil, fmt.Errorf("%s: tensor %q: not found", f.Path(), key)
 	}
-	c.bytesRead.Add(int64(w.Numel() * w.DType.Size()))
-	q, s, err := QuantizeRowsFP8(w)
-	if err != nil {
-		return nil, fmt.Errorf("%s: tensor %q: %w", f.Path(), key, err)
+	dt, ok := stored.DType.Tensor()
+	if !ok || (dt != tensor.BF16 && dt != tensor.F16 && dt != tensor.F32) || len(stored.Shape) != 2 {
+		return nil, fmt.Errorf("%s: tensor %q (--quantize fp8): stored as %s%v, want a 2-D bf16, f16 or f32 weight", f.Path(), key, stored.DType, stored.Shape)
 	}
-	if isScale {
-		return s, nil
-	}
-	c.quant.mu.Lock()
-	c.quant.scales[rows] = s
-	c.quant.mu.Unlock()
+	n, k := stored.Shape[0]/rows.count, stored.Shape[1]
+	c0, c1 := 0, k
 	if sliced && dim == 1 {
-		q = sliceCols(q, index, count)
+		c0, c1 = index*(k/count), (index+1)*(k/count)
+	}
+	scale := tensor.New(tensor.F32, n, 1)
+	j := &fp8Rows{dt: dt, n: n, k: k, c0: c0, c1: c1, scale: scale.F32, rowBase: rows.index * n}
+	var q *tensor.Tensor
+	if !isScale {
+		q = tensor.New(tensor.F8E4M3, n, c1-c0)
+		j.q = q.U8
+	}
+	err := j.run(true, func(i, blocks int, buf []byte) ([]byte, error) {
+		// Block i of this part is block rows.index*blocks+i of the stored rows cut into
+		// rows.count*blocks equal parts.
+		m, err := f.ReadSliceBytes(key, 0, rows.index*blocks+i, rows.count*blocks, buf)
+		if err != nil {
+			return nil, err
+		}
+		swapStored(buf[:m], dt.Size())
+		return buf[:m], nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: tensor %q (--quantize fp8): %w", f.Path(), key, err)
+	}
+	c.bytesRead.Add(int64(n * k * dt.Size()))
+	c.quant.mu.Lock()
+	c.quant.scales[rows] = scale
+	c.quant.mu.Unlock()
+	if isScale {
+		return scale, nil
 	}
 	if want := ref.LocalShape(); !slices.Equal(q.Shape, want) {
 		return nil, fmt.Errorf("%s: tensor %q: quantized shape %v, but the graph expects %v", f.Path(), ref.Key, q.Shape, want)
 	}
 	return q, nil
-}
-
-// QuantizeRowsFP8 quantizes a float matrix w [N,K] row by row: q f8e4m3 [N,K] and scale f32
-// [N,1], scale = amax(|row|)/448 (1 for a row of zeros), q = w/scale rounded to the nearest
-// f8e4m3, ties to even, saturating at ±448. A NaN or an infinity is an error naming its row.
-func QuantizeRowsFP8(w *tensor.Tensor) (q, scale *tensor.Tensor, err error) {
-	if len(w.Shape) != 2 {
-		return nil, nil, fmt.Errorf("quantize fp8: want a matrix, got shape %v", w.Shape)
-	}
-	n, k := w.Shape[0], w.Shape[1]
-	v := w.Float32s()
-	q, scale = tensor.New(tensor.F8E4M3, n, k), tensor.New(tensor.F32, n, 1)
-	for r := range n {
-		row := v[r*k : (r+1)*k]
-		var amax float32
-		for _, x := range row {
-			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-				return nil, nil, fmt.Errorf("row %d holds %v", r, x)
-			}
-			amax = max(amax, float32(math.Abs(float64(x))))
-		}
-		s := amax / tensor.F8E4M3Max
-		if amax == 0 {
-			s = 1
-		}
-		scale.F32[r] = s
-		out := q.U8[r*k : (r+1)*k]
-		for i, x := range row {
-			out[i] = tensor.F32ToF8E4M3(x / s)
-		}
-	}
-	return q, scale, nil
-}
-
-// sliceCols cuts part index of count along the columns of an 8-bit matrix.
-func sliceCols(t *tensor.Tensor, index, count int) *tensor.Tensor {
-	n, k := t.Shape[0], t.Shape[1]
-	part := k / count
-	out := tensor.New(t.DType, n, part)
-	for r := range n {
-		copy(out.U8[r*part:(r+1)*part], t.U8[r*k+index*part:r*k+(index+1)*part])
-	}
-	return out
 }
