@@ -295,10 +295,13 @@ func PagedAttentionWorkspace(in [][]int) int64 {
 	}
 	H, S, D, KV := in[0][1], in[0][2], in[0][3], in[1][1]
 	N, M := in[8][0], in[8][1]
-	if KV == 0 || H%KV != 0 || S == 0 || S > N || len(in[4]) != 4 {
+	if KV == 0 || H%KV != 0 || S == 0 || len(in[4]) != 4 {
 		return 0
 	}
 	BS := in[4][1]
+	if S > N { // a prefill: the tensor-core kernel's splits
+		return flashWorkspace(H, KV, S, D, M, BS)
+	}
 	return max(planDecode(H, KV, S, D, M, BS, 2).workspace(H, S, D), planDecode(H, KV, S, D, M, BS, 4).workspace(H, S, D))
 }
 
@@ -446,7 +449,7 @@ func pagedAttention(d *Device, out *Tensor, in []*Tensor, ws *Tensor, scale floa
 		return nil
 	}
 	if useFlashPrefill(d, out, in) {
-		if err := flashPrefill(d, out, in, scale, window, tm); err != nil {
+		if err := flashPrefill(d, out, in, ws, scale, window, tm); err != nil {
 			return fail(err)
 		}
 		return nil

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -347,8 +348,8 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 	}
 }
 
-// The workspace is 0 for prefill steps and for decode steps with one split, and covers the
-// splits' partials otherwise.
+// The workspace is 0 for prefill steps whose row blocks fill the GPU and for decode steps
+// with one split, and covers the splits' partials otherwise.
 func TestPagedAttentionWorkspace(t *testing.T) {
 	shapes := func(H, KV, S, D, N, M int) [][]int {
 		return [][]int{{1, H, S, D}, {1, KV, S, D}, {1, KV, S, D}, {1, S}, {64, 16, KV, D}, {64, 16, KV, D}, {S}, {S}, {N, M}}
@@ -361,7 +362,9 @@ func TestPagedAttentionWorkspace(t *testing.T) {
 		{32, 8, 1, 128, 1, 8, 4},      // short context: 4 splits of 8 warps (the f32 cache's plan)
 		{32, 8, 16, 128, 16, 8, 1},    // 16 short contexts: no split
 		{32, 8, 256, 128, 256, 64, 1}, // a full batch: no split
-		{32, 8, 100, 128, 4, 64, 0},   // prefill: no workspace
+		{32, 8, 100, 128, 4, 64, 0},   // prefill of short contexts: no workspace
+		{32, 8, 32, 128, 1, 256, 4},   // 32 tokens after 4,000 cached: 4 splits of 1,024 positions
+		{32, 8, 4096, 128, 1, 512, 0}, // a long chunk: its blocks fill the GPU
 	} {
 		got := PagedAttentionWorkspace(shapes(tc.H, tc.KV, tc.S, tc.D, tc.N, tc.M))
 		want := int64(0)
@@ -512,10 +515,10 @@ func TestFlashPrefillMatchesCPU(t *testing.T) {
 		}
 		paged = append(paged, c.kernels()[0]) // the cache write
 	}
-	variants := [][2]int{{2, 4}, {1, 4}, {1, 8}, {2, 8}} // PS, W
-	defer func(ps, w int) { flashPSplit, flashWarps = ps, w }(flashPSplit, flashWarps)
+	variants := [][3]int{{2, 4, 1}, {1, 4, 1}, {1, 8, 1}, {2, 8, 1}, {1, 4, 2}, {2, 4, 2}, {1, 8, 2}} // PS, W, MT
+	defer func(ps, w, mt int) { flashPSplit, flashWarps, flashMT = ps, w, mt }(flashPSplit, flashWarps, flashMT)
 	for _, v := range variants {
-		flashWarps = v[1]
+		flashWarps, flashMT = v[1], v[2]
 		for _, c := range cases {
 			inst, _ := flashKernel(c.D, v[0])
 			flash = append(flash, inst)
@@ -524,10 +527,60 @@ func TestFlashPrefillMatchesCPU(t *testing.T) {
 	precompile(t, d, "paged.cu", paged)
 	precompile(t, d, "flash.cu", flash)
 	for _, v := range variants {
-		flashPSplit, flashWarps = v[0], v[1]
+		flashPSplit, flashWarps, flashMT = v[0], v[1], v[2]
 		rng := rand.New(rand.NewPCG(29, 31))
 		for _, c := range cases {
-			c.name += fmt.Sprintf(" PS%d W%d", v[0], v[1])
+			c.name += fmt.Sprintf(" PS%d W%d MT%d", v[0], v[1], v[2])
+			c.run(t, d, rng)
+		}
+	}
+}
+
+// Few tokens over long contexts split each context (flashSplits) and merge the splits'
+// partials with paged_combine: the result matches the CPU as the whole kernel does, for
+// both block shapes, with windows, GQA 1 to 8, blocks of 1 and 16, i32 and i64 indices and
+// sequences interleaved in token order.
+func TestFlashSplitMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	cases := []pagedCase{
+		{name: "split G4 D128", ctx: []int{3000, 5000}, nw: []int{16, 9}, bs: 16, KV: 2, G: 4, D: 128},
+		{name: "split G1 D64 window 700", ctx: []int{4100}, nw: []int{33}, bs: 16, KV: 2, G: 1, D: 64, window: 700},
+		{name: "split G6 D128 interleaved i64", ctx: []int{2500, 6000, 1200}, nw: []int{5, 7, 20}, bs: 16, KV: 2, G: 6, D: 128, inter: true, idt: tensor.I64},
+		{name: "split G4 D64 block size 1", ctx: []int{3000}, nw: []int{8}, bs: 1, KV: 1, G: 4, D: 64},
+		{name: "split G8 D128 window 2000, one token a sequence", ctx: []int{4000, 3000}, nw: []int{2, 1}, bs: 16, KV: 1, G: 8, D: 128, window: 2000},
+	}
+	defer func(ps, w, mt int) { flashPSplit, flashWarps, flashMT = ps, w, mt }(flashPSplit, flashWarps, flashMT)
+	blocks := [][2]int{{8, 1}, {4, 2}} // W, MT
+	var paged, flash []string
+	for i := range cases {
+		c := &cases[i]
+		c.dt, c.cdt, c.pad = tensor.BF16, tensor.BF16, -1
+		if c.idt == tensor.Invalid {
+			c.idt = tensor.I32
+		}
+		S, M := 0, 0
+		for j := range c.ctx {
+			S += c.nw[j]
+			M = max(M, (c.ctx[j]+c.nw[j]+c.bs-1)/c.bs)
+		}
+		if sp := flashSplits(c.KV*c.G, c.KV, S, c.D, M, c.bs); sp < 2 {
+			t.Fatalf("%s: %d splits, want several", c.name, sp)
+		}
+		paged = append(paged, c.kernels()[0])
+		for _, b := range blocks {
+			flashWarps, flashMT = b[0], b[1]
+			inst, _ := flashKernel(c.D, 1)
+			flash = append(flash, inst)
+		}
+	}
+	precompile(t, d, "paged.cu", append(paged, "PAGED_COMBINE(BF16, bf16)"))
+	precompile(t, d, "flash.cu", flash)
+	flashPSplit = 1
+	for _, b := range blocks {
+		flashWarps, flashMT = b[0], b[1]
+		rng := rand.New(rand.NewPCG(37, 41))
+		for _, c := range cases {
+			c.name += fmt.Sprintf(" W%d MT%d", b[0], b[1])
 			c.run(t, d, rng)
 		}
 	}
@@ -537,11 +590,11 @@ func TestFlashPrefillMatchesCPU(t *testing.T) {
 // splits of P and both block sizes; this needs NVRTC only, not a GPU.
 func TestFlashKernelsCompile(t *testing.T) {
 	arch := nvrtcArch(t)
-	defer func(w int) { flashWarps = w }(flashWarps)
+	defer func(w, mt int) { flashWarps, flashMT = w, mt }(flashWarps, flashMT)
 	var wg sync.WaitGroup
 	for _, D := range []int{64, 80, 128, 256} {
-		for _, v := range [][2]int{{1, 8}, {2, 4}} {
-			flashWarps = v[1]
+		for _, v := range [][3]int{{1, 8, 1}, {2, 4, 1}, {1, 4, 2}} { // PS, W, MT
+			flashWarps, flashMT = v[1], v[2]
 			inst, name := flashKernel(D, v[0])
 			wg.Add(1)
 			go func() {
@@ -561,10 +614,46 @@ func TestFlashKernelsCompile(t *testing.T) {
 	wg.Wait()
 }
 
+// The tensor-core kernel's instantiations the backend picks (P rounded once, blocks of 8
+// warps of one row tile or 4 warps of two, every head size) keep their state in registers:
+// ptxas reports no stack frame and no spills. This needs NVRTC only, not a GPU.
+func TestFlashKernelsNoSpills(t *testing.T) {
+	arch := nvrtcArch(t)
+	defer func(w, mt int) { flashWarps, flashMT = w, mt }(flashWarps, flashMT)
+	var extra strings.Builder
+	for _, D := range []int{64, 80, 128, 256} {
+		for _, b := range [][2]int{{8, 1}, {4, 2}} {
+			flashWarps, flashMT = b[0], b[1]
+			inst, _ := flashKernel(D, 1)
+			extra.WriteString(inst + "\n")
+		}
+	}
+	src, err := kernelSource("flash.cu", extra.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, log, err := cubind.CompileCUBIN(src, "flash.cu", append([]string{"--gpu-architecture=" + arch, "--ptxas-options=-v"}, kernelOptions("flash.cu")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
+		name, info, _ := strings.Cut(k, "'")
+		checked++
+		if !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
+			t.Errorf("%s uses local memory:%s", name, info)
+		}
+	}
+	if checked == 0 {
+		t.Errorf("no kernel in the ptxas log:\n%s", log)
+	}
+}
+
 // TestFlashPrefillTimings times the prefill of paged_attention on Llama-3.1-8B shapes (H 32,
 // KV 8, D 128, bf16 cache of blocks of 16) when LOOM_CUDA_TIMINGS=1: the tensor-core kernel
-// with P split (PS2) and rounded once (PS1), with blocks of 4 and 8 warps, and paged_prefill,
-// in µs per call (cache write included).
+// with P split (PS2) and rounded once (PS1), with blocks of 4 and 8 warps of one or two row
+// tiles, with and without splitting the context, and paged_prefill, in µs per call (cache
+// write and merge included).
 func TestFlashPrefillTimings(t *testing.T) {
 	d := gpu(t)
 	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
@@ -572,10 +661,13 @@ func TestFlashPrefillTimings(t *testing.T) {
 	}
 	const H, KV, D, BS = 32, 8, 128, 16
 	rng := rand.New(rand.NewPCG(3, 4))
-	defer func(ps, w int, on bool) { flashPSplit, flashWarps, flashPrefillEnabled = ps, w, on }(flashPSplit, flashWarps, flashPrefillEnabled)
-	// Whole prompts, and 512- and 8192-token chunks of a long prompt late in its prefill.
+	defer func(ps, w, mt int, on, split bool) {
+		flashPSplit, flashWarps, flashMT, flashPrefillEnabled, flashSplitEnabled = ps, w, mt, on, split
+	}(flashPSplit, flashWarps, flashMT, flashPrefillEnabled, flashSplitEnabled)
+	// Whole prompts, 512- and 8192-token chunks of a long prompt late in its prefill, and 32
+	// tokens after 4,000 (a prompt extending a cached prefix: split, and not).
 	for _, tc := range []struct{ N, ctx, nw int }{{1, 0, 1024}, {1, 0, 2048}, {4, 1024, 512}, {1, 0, 8192}, {1, 0, 32768},
-		{1, 15872, 512}, {1, 31744, 512}, {1, 24576, 8192}} {
+		{1, 15872, 512}, {1, 31744, 512}, {1, 24576, 8192}, {1, 4000, 32}} {
 		if !timingCase(tc.N, tc.ctx) {
 			continue
 		}
@@ -595,15 +687,18 @@ func TestFlashPrefillTimings(t *testing.T) {
 		}
 		flops *= 4 * D * H
 		for _, v := range []struct {
-			name  string
-			on    bool
-			ps, w int
-		}{{"flash PS2 W4", true, 2, 4}, {"flash PS1 W4", true, 1, 4}, {"flash PS2 W8", true, 2, 8}, {"flash PS1 W8", true, 1, 8}, {"paged_prefill", false, 2, 4}} {
+			name      string
+			on, split bool
+			ps, w, mt int
+		}{{"flash PS2 W4", true, true, 2, 4, 1}, {"flash PS1 W4", true, true, 1, 4, 1}, {"flash PS1 W8", true, true, 1, 8, 1},
+			{"flash PS1 W4 MT2", true, true, 1, 4, 2}, {"flash PS1 W8 MT2", true, true, 1, 8, 2},
+			{"flash PS1 W8 unsplit", true, false, 1, 8, 1}, {"paged_prefill", false, true, 2, 4, 1}} {
 			if !v.on && tc.ctx+tc.nw > 8192 {
 				continue // minutes at these lengths
 			}
-			flashPrefillEnabled, flashPSplit, flashWarps = v.on, v.ps, v.w
-			per, err := wallTime(d, 3, 20, func() error { return PagedAttention(d, out, in, nil, 0.088, 0, false) })
+			flashPrefillEnabled, flashPSplit, flashWarps, flashMT, flashSplitEnabled = v.on, v.ps, v.w, v.mt, v.split
+			ws := pagedWorkspace(t, d, in)
+			per, err := wallTime(d, 3, 20, func() error { return PagedAttention(d, out, in, ws, 0.088, 0, false) })
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,10 +8,11 @@
 // Token t (of sequence token_seq[t], at position positions[0,t]) sees the cached positions
 // lo..hi, hi = positions[0,t], lo = max(0, hi-window+1) with a window, else 0.
 //
-// Grid (KV, ceil(S*G/BR)), G = H/KV; block W warps (4 or 8). A block covers BR = 16 * W
-// consecutive rows of the (token, query head of the KV head's group) space of one KV
-// head, i.e. several tokens and all G query heads that share the KV head; warp w owns rows
-// 16w..16w+15 (one m16 tile). The blocks of the latest tokens, which see the longest
+// Grid (KV, ceil(S*G/BR), splits), G = H/KV; block W warps (4 or 8). A block covers BR =
+// 16 * W * MT consecutive rows of the (token, query head of the KV head's group) space of
+// one KV head, i.e. several tokens and all G query heads that share the KV head; warp w owns
+// rows 16*MT*w.. (MT m16 tiles, 1 or 2: with 2, each K and V fragment loaded from shared
+// memory feeds two mmas, and Q is read from shared memory at each tile). The blocks of the latest tokens, which see the longest
 // contexts, are scheduled first. Tokens of several sequences in one block are served one
 // run of equal token_seq at a time; a run's keys and values go through shared memory in
 // tiles of BC positions (lo..hi of all its tokens), staged with cp.async from the cache
@@ -42,7 +43,7 @@
 // positions are skipped; a row that sees no key gives NaN.
 //
 // Index inputs are i32 or i64, chosen at run time. Positions fit in int (the host checks
-// M*BS). The file holds templates only: backend/cuda appends FLASH_PREFILL(D, BC, PS, W)
+// M*BS). The file holds templates only: backend/cuda appends FLASH_PREFILL(D, BC, PS, W, MT)
 // instantiations.
 
 __device__ __forceinline__ unsigned fa_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -100,9 +101,11 @@ struct FaTile {
 };
 
 // fa_advance moves it to the next tile of BC positions: the next of its run, else the first
-// of the next run that sees any position. False when the block has no tile left.
+// of the next run that sees any position. False when the block has no tile left. With
+// splits > 1 a run's positions klo..khi are cut into splits parts of whole tiles and the
+// block takes part z only.
 __device__ __forceinline__ bool fa_advance(FaTile& it, int bc, int ntok, const int* tseq, const int* tlo,
-                                           const int* thi) {
+                                           const int* thi, int z, int splits) {
   it.kt += bc;
   while (it.kt > it.khi) {
     it.ts = it.te + 1;
@@ -117,6 +120,12 @@ __device__ __forceinline__ bool fa_advance(FaTile& it, int bc, int ntok, const i
         it.klo = min(it.klo, tlo[i]);
         it.khi = max(it.khi, thi[i]);
       }
+      if (splits > 1 && it.khi >= it.klo) {
+        const int part = ((it.khi - it.klo + splits) / splits + bc - 1) / bc * bc;
+        const int lo = it.klo + z * part;
+        it.khi = lo > it.khi - part ? it.khi : lo + part - 1;  // no overflow past khi
+        it.klo = lo;
+      }
     }
     it.kt = it.klo;
   }
@@ -126,8 +135,14 @@ __device__ __forceinline__ bool fa_advance(FaTile& it, int bc, int ntok, const i
 // flash_prefill: see the file comment. Shared memory (SD = D+8 elements): Qs [BR][SD],
 // Ks [2][BC][SD], Vs [2][BC][SD] bf16, then ints: tile slots [3][BC], the block's tokens'
 // sequence (-1: reads nothing), lo and hi [BR] each.
-template <int D, int BC, int PS, int W>
-__device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
+//
+// Split-KV (gridDim.z = splits > 1, for few rows over long contexts): block z attends to
+// part z of each run's positions (fa_advance) and writes, instead of out, each row's
+// partial record to part [S][H][splits][D+2] f32: the row's running max m (base 2), its sum
+// l and its unnormalized accumulator, as paged.cu's decode splits do; paged_combine merges
+// them into out. A row that sees nothing in its part writes m = -inf, l = 0.
+template <int D, int BC, int PS, int W, int MT>
+__device__ __forceinline__ void flash_prefill_impl(bf16* out, float* part, const bf16* q, const bf16* kc, const bf16* vc,
                                                    const void* pos, int p64, const void* seqs, int q64,
                                                    const void* tables, int t64, int H, int KVH, int S, int NB,
                                                    int BS, int N, int M, float scale, int window, int* err,
@@ -135,13 +150,14 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   pdl_begin();
   static_assert(D % 16 == 0 && D >= 16 && D <= 256, "D must be a multiple of 16 up to 256");
   static_assert(BC % 16 == 0 && BC <= W * 32, "BC must be a multiple of 16 up to the block's threads");
-  constexpr int FA_BR = 16 * W;  // rows of the block
+  static_assert(MT == 1 || MT == 2, "MT is 1 or 2");
+  constexpr int FA_BR = 16 * W * MT;  // rows of the block
   static_assert(PS == 1 || PS == 2, "PS is 1 or 2");
   constexpr int SD = D + 8;     // shared row stride in elements
   constexpr int CH = D / 8;     // 16-byte chunks per row
   constexpr int NT = BC / 8;    // n8 tiles of keys per K tile
   constexpr int DT = D / 8;     // n8 tiles of the output row
-  constexpr bool QREG = D <= 128;  // Q fragments held in registers
+  constexpr bool QREG = D <= 128 && MT == 1;  // Q fragments held in registers
   extern __shared__ __align__(16) unsigned char fsm[];
   bf16* Qs = (bf16*)fsm;
   bf16* Ks = Qs + FA_BR * SD;
@@ -165,7 +181,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   for (int i = threadIdx.x; i < ntok; i += blockDim.x) {
     const int t = tfirst + i;
     const i64 hi = load_idx(pos, t, p64), seq = load_idx(seqs, t, q64);
-    const bool first = g == 0 && (i64)t * G >= r0;
+    const bool first = g == 0 && blockIdx.z == 0 && (i64)t * G >= r0;
     int s = -1, lo = 0, h = -1;
     if (seq < 0 || seq >= N) {
       if (first) report(err, 4, seq, t, N);
@@ -191,27 +207,33 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   fa_commit();
   __syncthreads();
 
-  // This thread's rows wr + fr and wr + fr + 8: local token (-1: none) and visible range.
-  const int wr = warp * 16;
-  int rt[2], rl[2], rh[2];
+  // This thread's rows (R = 2*MT of them): row j = 2*mt + e is the block's row wr + 16*mt +
+  // fr + 8*e, with its local token (-1: none) and visible range.
+  constexpr int R = 2 * MT;
+  const int wr = warp * 16 * MT;
+  int rt[R], rl[R], rh[R];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const i64 f = r0 + wr + fr + 8 * e;
-    rt[e] = f < rows ? (int)(f / G) - tfirst : -1;
-    rl[e] = 1;
-    rh[e] = 0;
-    if (rt[e] >= 0 && tseq[rt[e]] >= 0) {
-      rl[e] = tlo[rt[e]];
-      rh[e] = thi[rt[e]];
+  for (int j = 0; j < R; ++j) {
+    const i64 f = r0 + wr + 16 * (j >> 1) + fr + 8 * (j & 1);
+    rt[j] = f < rows ? (int)(f / G) - tfirst : -1;
+    rl[j] = 1;
+    rh[j] = 0;
+    if (rt[j] >= 0 && tseq[rt[j]] >= 0) {
+      rl[j] = tlo[rt[j]];
+      rh[j] = thi[rt[j]];
     } else {
-      rt[e] = -1;
+      rt[j] = -1;
     }
   }
 
-  float m[2] = {-LOOM_INF, -LOOM_INF}, l[2] = {0.0f, 0.0f};
-  float o[DT][4];
+  float m[R], l[R];
 #pragma unroll
-  for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int j = 0; j < R; ++j) m[j] = -LOOM_INF, l[j] = 0.0f;
+  float o[MT][DT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < DT; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
   unsigned qf[QREG ? D / 16 : 1][4];
   const float sl2 = scale * LOG2E;
   const i64 kvstride = (i64)KVH * D;
@@ -227,7 +249,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
         const int cur = tseq[it.ts];
         const i64 b = load_idx(tables, (i64)cur * M + p / BS, t64);
         if (b < 0 || b >= NB) {
-          if (g == 0 && (p % BS == 0 || p == it.kt)) report(err, 3, b, cur, NB);
+          if (g == 0 && blockIdx.z == 0 && (p % BS == 0 || p == it.kt)) report(err, 3, b, cur, NB);
           bad = true;
         } else {
           s = (int)b * BS + p % BS;  // below NB*BS <= 2^31-1 (checked by the host)
@@ -250,7 +272,8 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   };
 
   FaTile it = {0, -1, 0x7fffffff, -1, 0};
-  bool valid = fa_advance(it, BC, ntok, tseq, tlo, thi);  // uniform: from shared memory
+  const int z = blockIdx.z, splits = gridDim.z;
+  bool valid = fa_advance(it, BC, ntok, tseq, tlo, thi, z, splits);  // uniform: from shared memory
   bool bad = fill_slots(it, 0, valid);
   if (valid) issue(0, 0);
   fa_commit();
@@ -258,7 +281,7 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   bool qloaded = false;
   while (valid) {
     FaTile nx = it;
-    const bool nvalid = fa_advance(nx, BC, ntok, tseq, tlo, thi);
+    const bool nvalid = fa_advance(nx, BC, ntok, tseq, tlo, thi, z, splits);
     const int nsb = sb == 2 ? 0 : sb + 1;
     // The barrier also says every warp is done with stage st^1 (the tile before it).
     const bool nbad = fill_slots(nx, nsb, nvalid);
@@ -274,98 +297,121 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
       qloaded = true;
     }
     const int kt = it.kt, kend = it.kt + BC - 1;
-    bool in[2], full[2];
+    bool in[R], full[R];
     bool sees = false;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      in[e] = rt[e] >= it.ts && rt[e] <= it.te;  // rt -1 is never in
-      full[e] = in[e] && !bad && rl[e] <= kt && rh[e] >= kend;
-      sees |= in[e] && rl[e] <= kend && rh[e] >= kt;
+    for (int j = 0; j < R; ++j) {
+      in[j] = rt[j] >= it.ts && rt[j] <= it.te;  // rt -1 is never in
+      full[j] = in[j] && !bad && rl[j] <= kt && rh[j] >= kend;
+      sees |= in[j] && rl[j] <= kend && rh[j] >= kt;
     }
     if (__any_sync(FULL_MASK, sees)) {
       const bf16* Kt = Ks + st * BC * SD;
       const bf16* Vt = Vs + st * BC * SD;
-      float s[NT][4];
+      float sc[MT][NT][4];
 #pragma unroll
-      for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.0f;
+      // S = Q·Kᵀ: each K fragment serves the warp's MT row tiles.
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        unsigned a[4];
-        if constexpr (QREG) {
-          a[0] = qf[kk][0], a[1] = qf[kk][1], a[2] = qf[kk][2], a[3] = qf[kk][3];
-        } else {
-          fa_ldm4(fa_smem(Qs + (wr + (lane & 15)) * SD + kk * 16 + (lane >> 4) * 8), a);
+        unsigned a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (QREG) {
+            a[mt][0] = qf[kk][0], a[mt][1] = qf[kk][1], a[mt][2] = qf[kk][2], a[mt][3] = qf[kk][3];
+          } else {
+            fa_ldm4(fa_smem(Qs + (wr + 16 * mt + (lane & 15)) * SD + kk * 16 + (lane >> 4) * 8), a[mt]);
+          }
         }
 #pragma unroll
         for (int nn = 0; nn < BC / 16; ++nn) {
           unsigned b[4];
           fa_ldm4(fa_smem(Kt + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * SD + kk * 16 + ((lane >> 3) & 1) * 8), b);
-          fa_mma(s[2 * nn], a, b[0], b[1]);
-          fa_mma(s[2 * nn + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            fa_mma(sc[mt][2 * nn], a[mt], b[0], b[1]);
+            fa_mma(sc[mt][2 * nn + 1], a[mt], b[2], b[3]);
+          }
         }
       }
       // Scores: round to bf16, scale (base 2), mask; row maxima over the quad.
-      float mx[2] = {m[0], m[1]};
+      float mx[R];
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
+      for (int j = 0; j < R; ++j) mx[j] = m[j];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const unsigned r = fa_pack(s[i][2 * e], s[i][2 * e + 1]);
-          float x0 = fa_lo(r) * sl2, x1 = fa_hi(r) * sl2;
-          if (!full[e]) {
-            const int j = i * 8 + 2 * fc, p = kt + j;
-            const bool v0 = in[e] && p >= rl[e] && p <= rh[e] && (!bad || slots[sb * BC + j] >= 0);
-            const bool v1 = in[e] && p + 1 >= rl[e] && p + 1 <= rh[e] && (!bad || slots[sb * BC + j + 1] >= 0);
-            if (!v0) x0 = -LOOM_INF;
-            if (!v1) x1 = -LOOM_INF;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 2 * mt + e;
+            const unsigned r = fa_pack(sc[mt][i][2 * e], sc[mt][i][2 * e + 1]);
+            float x0 = fa_lo(r) * sl2, x1 = fa_hi(r) * sl2;
+            if (!full[j]) {
+              const int c = i * 8 + 2 * fc, p = kt + c;
+              const bool v0 = in[j] && p >= rl[j] && p <= rh[j] && (!bad || slots[sb * BC + c] >= 0);
+              const bool v1 = in[j] && p + 1 >= rl[j] && p + 1 <= rh[j] && (!bad || slots[sb * BC + c + 1] >= 0);
+              if (!v0) x0 = -LOOM_INF;
+              if (!v1) x1 = -LOOM_INF;
+            }
+            sc[mt][i][2 * e] = x0;
+            sc[mt][i][2 * e + 1] = x1;
+            mx[j] = fmaxf(mx[j], fmaxf(x0, x1));
           }
-          s[i][2 * e] = x0;
-          s[i][2 * e + 1] = x1;
-          mx[e] = fmaxf(mx[e], fmaxf(x0, x1));
         }
-      }
-      float mref[2];
+      float mref[R];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        mx[e] = fmaxf(mx[e], __shfl_xor_sync(FULL_MASK, mx[e], 1));
-        mx[e] = fmaxf(mx[e], __shfl_xor_sync(FULL_MASK, mx[e], 2));
-        mref[e] = mx[e] == -LOOM_INF ? 0.0f : mx[e];  // a row with nothing seen yet stays empty
-        const float corr = exp2f(m[e] - mref[e]);
-        m[e] = mx[e];
-        l[e] *= corr;
+      for (int j = 0; j < R; ++j) {
+        mx[j] = fmaxf(mx[j], __shfl_xor_sync(FULL_MASK, mx[j], 1));
+        mx[j] = fmaxf(mx[j], __shfl_xor_sync(FULL_MASK, mx[j], 2));
+        mref[j] = mx[j] == -LOOM_INF ? 0.0f : mx[j];  // a row with nothing seen yet stays empty
+        const float corr = exp2f(m[j] - mref[j]);
+        m[j] = mx[j];
+        l[j] *= corr;
+        const int mt = j >> 1, e = j & 1;
 #pragma unroll
         for (int n = 0; n < DT; ++n) {
-          o[n][2 * e] *= corr;
-          o[n][2 * e + 1] *= corr;
+          o[mt][n][2 * e] *= corr;
+          o[mt][n][2 * e + 1] *= corr;
         }
       }
 #pragma unroll
-      for (int i = 0; i < NT; ++i)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float p = exp2f(s[i][u] - mref[u >> 1]);
-          s[i][u] = p;
-          l[u >> 1] += p;
-        }
-      // O += P·V, one k16 step of keys at a time.
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int j = 2 * mt + (u >> 1);
+            const float p = exp2f(sc[mt][i][u] - mref[j]);
+            sc[mt][i][u] = p;
+            l[j] += p;
+          }
+      // O += P·V, one k16 step of keys at a time; each V fragment serves the MT row tiles.
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
-        unsigned ph[4], pl[4];
+        unsigned ph[MT][4], pl[MT][4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float* src = s[2 * kk + (u >> 1)] + 2 * (u & 1);
-          ph[u] = fa_pack(src[0], src[1]);
-          if constexpr (PS == 2) pl[u] = fa_pack(src[0] - fa_lo(ph[u]), src[1] - fa_hi(ph[u]));
-        }
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float* src = sc[mt][2 * kk + (u >> 1)] + 2 * (u & 1);
+            ph[mt][u] = fa_pack(src[0], src[1]);
+            if constexpr (PS == 2) pl[mt][u] = fa_pack(src[0] - fa_lo(ph[mt][u]), src[1] - fa_hi(ph[mt][u]));
+          }
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
           unsigned b[4];
           fa_ldm4t(fa_smem(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SD + dn * 16 + (lane >> 4) * 8), b);
-          fa_mma(o[2 * dn], ph, b[0], b[1]);
-          fa_mma(o[2 * dn + 1], ph, b[2], b[3]);
-          if constexpr (PS == 2) {
-            fa_mma(o[2 * dn], pl, b[0], b[1]);
-            fa_mma(o[2 * dn + 1], pl, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            fa_mma(o[mt][2 * dn], ph[mt], b[0], b[1]);
+            fa_mma(o[mt][2 * dn + 1], ph[mt], b[2], b[3]);
+            if constexpr (PS == 2) {
+              fa_mma(o[mt][2 * dn], pl[mt], b[0], b[1]);
+              fa_mma(o[mt][2 * dn + 1], pl[mt], b[2], b[3]);
+            }
           }
         }
       }
@@ -379,22 +425,43 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   fa_wait<0>();
   __syncthreads();  // every copy into Qs has landed and no warp reads it any more
 
-  // Normalize, stage the warp's rows in its Qs rows as bf16, store them in 16-byte chunks.
-  float inv[2];
+  float inv[R];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    l[e] += __shfl_xor_sync(FULL_MASK, l[e], 1);
-    l[e] += __shfl_xor_sync(FULL_MASK, l[e], 2);
-    inv[e] = l[e] > 0.0f ? 1.0f / l[e] : LOOM_NAN;
+  for (int j = 0; j < R; ++j) {
+    l[j] += __shfl_xor_sync(FULL_MASK, l[j], 1);
+    l[j] += __shfl_xor_sync(FULL_MASK, l[j], 2);
+    inv[j] = l[j] > 0.0f ? 1.0f / l[j] : LOOM_NAN;
   }
+  if (splits > 1) {
+    // The rows' partial records: m and l from the quad's first thread, the accumulator's
+    // columns from the thread that holds them.
 #pragma unroll
-  for (int n = 0; n < DT; ++n)
+    for (int j = 0; j < R; ++j) {
+      const int mt = j >> 1, e = j & 1;
+      const i64 f = r0 + wr + 16 * mt + fr + 8 * e;
+      if (f >= rows) continue;
+      float* rec = part + (((f / G) * H + g * G + (int)(f % G)) * splits + z) * (D + 2);
+      if (fc == 0) {
+        rec[0] = m[j];
+        rec[1] = l[j];
+      }
 #pragma unroll
-    for (int e = 0; e < 2; ++e)
-      *(unsigned*)(Qs + (wr + fr + 8 * e) * SD + n * 8 + 2 * fc) =
-          fa_pack(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
+      for (int n = 0; n < DT; ++n)
+        *(float2*)(rec + 2 + n * 8 + 2 * fc) = make_float2(o[mt][n][2 * e], o[mt][n][2 * e + 1]);
+    }
+    return;
+  }
+  // Normalize, stage the warp's rows in its Qs rows as bf16, store them in 16-byte chunks.
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const int mt = j >> 1, e = j & 1;
+#pragma unroll
+    for (int n = 0; n < DT; ++n)
+      *(unsigned*)(Qs + (wr + 16 * mt + fr + 8 * e) * SD + n * 8 + 2 * fc) =
+          fa_pack(o[mt][n][2 * e] * inv[j], o[mt][n][2 * e + 1] * inv[j]);
+  }
   __syncwarp();
-  for (int i = lane; i < 16 * CH; i += 32) {
+  for (int i = lane; i < 16 * MT * CH; i += 32) {
     const int r = i / CH, c = i - r * CH;
     const i64 f = r0 + wr + r;
     if (f < rows) {
@@ -404,11 +471,12 @@ __device__ __forceinline__ void flash_prefill_impl(bf16* out, const bf16* q, con
   }
 }
 
-#define FLASH_PREFILL(D, BC, PS, W)                                                                              \
-  extern "C" __global__ void __launch_bounds__(W * 32) flash_prefill_bf16_d##D##_c##BC##_p##PS##_w##W(          \
-      bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const void* pos, int p64, const void* seqs,      \
+#define FLASH_PREFILL(D, BC, PS, W, MT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(W * 32) flash_prefill_bf16_d##D##_c##BC##_p##PS##_w##W##_m##MT(  \
+      bf16* out, float* part, const bf16* q, const bf16* kc, const bf16* vc, const void* pos, int p64,           \
+      const void* seqs,                                                                                          \
       int q64, const void* tables, int t64, int H, int KVH, int S, int NB, int BS, int N, int M, float scale,   \
       int window, int* err, int tm) {                                                                                \
-    flash_prefill_impl<D, BC, PS, W>(out, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, KVH, S, NB, BS, N, M,    \
+    flash_prefill_impl<D, BC, PS, W, MT>(out, part, q, kc, vc, pos, p64, seqs, q64, tables, t64, H, KVH, S, NB, BS, N, M,    \
                                   scale, window, err, tm);                                                          \
   }
