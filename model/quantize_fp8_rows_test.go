@@ -95,9 +95,33 @@ func withParallelBlocks(t *testing.T, blockBytes int, f func()) {
 	f()
 }
 
+// kernelSets are the ways the bf16 rows can run: the AVX2 kernels where the CPU has them, and
+// the portable loops.
+func kernelSets() []bool {
+	if fp8AVX2 {
+		return []bool{true, false}
+	}
+	return []bool{false}
+}
+
+// withKernels runs f with the AVX2 kernels on or off.
+func withKernels(avx2 bool, f func()) {
+	prev := fp8AVX2
+	fp8AVX2 = avx2
+	defer func() { fp8AVX2 = prev }()
+	f()
+}
+
 // TestQuantizeRowsFP8MatchesReference compares the parallel quantizer with the serial
-// reference, bytes and scales, on odd shapes in bf16, f16 and f32, blocks of one row to whole.
+// reference, bytes and scales, on odd shapes in bf16, f16 and f32, blocks of one row to whole,
+// with the AVX2 kernels and without.
 func TestQuantizeRowsFP8MatchesReference(t *testing.T) {
+	for _, avx2 := range kernelSets() {
+		t.Run(fmt.Sprintf("avx2=%v", avx2), func(t *testing.T) { withKernels(avx2, func() { testQuantizeRowsFP8(t) }) })
+	}
+}
+
+func testQuantizeRowsFP8(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, dt := range []tensor.DType{tensor.BF16, tensor.F16, tensor.F32} {
 		for _, shape := range [][2]int{{1, 1}, {3, 7}, {13, 5}, {17, 1023}, {64, 33}, {97, 130}, {0, 4}, {4, 0}} {
@@ -117,6 +141,51 @@ func TestQuantizeRowsFP8MatchesReference(t *testing.T) {
 					})
 				})
 			}
+		}
+	}
+}
+
+// TestFP8KernelsBF16 compares the AVX2 kernels with the reference element by element: every
+// bf16 pattern divided by scales of every range (0 included: infinities and NaN) through
+// tensor.F32ToF8E4M3, and the largest magnitude of random rows, with NaN and infinity patterns,
+// against a plain loop.
+func TestFP8KernelsBF16(t *testing.T) {
+	if !fp8AVX2 {
+		t.Skip("no AVX2 on this CPU: the portable loops run (TestQuantizeRowsFP8MatchesReference)")
+	}
+	row := make([]uint16, 1<<16)
+	for i := range row {
+		row[i] = uint16(i)
+	}
+	q := make([]uint8, len(row))
+	for _, s := range []float32{1, 0.5, 1.0 / 448, 3.7e-3, 0.013, 5.5, 1e30, 1e-38, 1e-43, 0} {
+		if n := encodeBF16Fast(q, row, s); n != len(row) {
+			t.Fatalf("encodeBF16Fast took %d of %d", n, len(row))
+		}
+		for i, h := range row {
+			if want := tensor.F32ToF8E4M3(tensor.BF16ToF32(h) / s); q[i] != want {
+				t.Errorf("scale %g: bf16 %#04x -> %#02x, reference %#02x", s, h, q[i], want)
+				break
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, n := range []int{1, 31, 32, 33, 100, 4096} {
+		row := make([]uint16, n)
+		for i := range row {
+			row[i] = uint16(rng.Uint32()) & 0xFF7F // no NaN or infinity but the planted one
+		}
+		if n > 40 {
+			row[rng.IntN(n)] = 0xFF80 // -inf
+		}
+		want := maxMagnitude16(row) // checked against a plain loop below
+		var plain uint16
+		for _, h := range row {
+			plain = max(plain, h&0x7FFF)
+		}
+		m, done := maxMagnitudeBF16Fast(row)
+		if got := max(m, maxMagnitude16(row[done:])); got != want || want != plain || done != n&^31 {
+			t.Errorf("n %d: largest magnitude %#04x (kernel took %d), unrolled loop %#04x, plain loop %#04x", n, got, done, want, plain)
 		}
 	}
 }
