@@ -12,8 +12,8 @@ import (
 // bpe is the byte-pair-encoding model of tokenizer.json: a vocabulary, ranked merges and the
 // handling of characters that are not in the vocabulary (byte fallback, unk token).
 type bpe struct {
-	vocab  map[string]int
-	merges map[uint64]bpeMerge // key: left id << 32 | right id
+	vocab  *vocabTable
+	merges mergeTable // key: left id << 32 | right id (pairKey)
 
 	unkToken     string // "" if none
 	fuseUnk      bool
@@ -74,19 +74,47 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	if cfg.Vocab == nil {
 		return nil, fmt.Errorf("model: missing vocab")
 	}
+	for tok, id := range cfg.Vocab {
+		if id < 0 || id > maxTokenID {
+			return nil, fmt.Errorf("model: vocab: token %q has invalid id %d (ids go from 0 to %d)", tok, id, maxTokenID)
+		}
+	}
+	m := newBPE(&cfg, vocabFromMap(cfg.Vocab), len(cfg.Merges))
+	for rank, r := range cfg.Merges {
+		a, b, err := parseMerge(r)
+		if err != nil {
+			return nil, fmt.Errorf("model: merges[%d]: %w", rank, err)
+		}
+		ida, ok := m.vocab.get(a)
+		if !ok {
+			return nil, fmt.Errorf("model: merges[%d]: token %q is not in the vocabulary", rank, a)
+		}
+		idb, ok := m.vocab.get(b)
+		if !ok {
+			return nil, fmt.Errorf("model: merges[%d]: token %q is not in the vocabulary", rank, b)
+		}
+		merged := a + strings.TrimPrefix(b, m.prefix)
+		id, ok := m.vocab.get(merged)
+		if !ok {
+			return nil, fmt.Errorf("model: merges[%d]: merged token %q is not in the vocabulary", rank, merged)
+		}
+		// A repeated merge keeps its last rank, as in Hugging Face's map built from the list.
+		m.merges.put(pairKey(int32(ida), int32(idb)), bpeMerge{int32(rank), int32(id)})
+	}
+	return m, nil
+}
+
+// newBPE returns the model of cfg's settings over vocab, whose ids the caller has checked,
+// with room for merges merges, which the caller adds.
+func newBPE(cfg *bpeConfig, vocab *vocabTable, merges int) *bpe {
 	m := &bpe{
-		vocab:        cfg.Vocab,
-		merges:       make(map[uint64]bpeMerge, len(cfg.Merges)),
+		vocab:        vocab,
+		merges:       newMergeTable(merges),
 		fuseUnk:      cfg.FuseUnk,
 		byteFallback: cfg.ByteFallback,
 		ignoreMerges: cfg.IgnoreMerges,
 		cache:        newWordCache(cacheWords),
 		rawCache:     newWordCache(cacheWords),
-	}
-	for tok, id := range m.vocab {
-		if id < 0 || id > maxTokenID {
-			return nil, fmt.Errorf("model: vocab: token %q has invalid id %d (ids go from 0 to %d)", tok, id, maxTokenID)
-		}
 	}
 	if cfg.UnkToken != nil {
 		m.unkToken = *cfg.UnkToken
@@ -99,38 +127,17 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	}
 	for b := range m.byteIDs {
 		m.byteIDs[b] = -1
-		if id, ok := m.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+		if id, ok := m.vocab.get(fmt.Sprintf("<0x%02X>", b)); ok {
 			m.byteIDs[b] = id
 		}
 	}
 	m.byteLevelOK = m.prefix == "" && m.suffix == ""
 	for b := range m.byteLevelIDs {
-		id, ok := m.vocab[byteToStr[b]]
+		id, ok := m.vocab.get(byteToStr[b])
 		m.byteLevelIDs[b] = int32(id)
 		m.byteLevelOK = m.byteLevelOK && ok
 	}
-	for rank, r := range cfg.Merges {
-		a, b, err := parseMerge(r)
-		if err != nil {
-			return nil, fmt.Errorf("model: merges[%d]: %w", rank, err)
-		}
-		ida, ok := m.vocab[a]
-		if !ok {
-			return nil, fmt.Errorf("model: merges[%d]: token %q is not in the vocabulary", rank, a)
-		}
-		idb, ok := m.vocab[b]
-		if !ok {
-			return nil, fmt.Errorf("model: merges[%d]: token %q is not in the vocabulary", rank, b)
-		}
-		merged := a + strings.TrimPrefix(b, m.prefix)
-		id, ok := m.vocab[merged]
-		if !ok {
-			return nil, fmt.Errorf("model: merges[%d]: merged token %q is not in the vocabulary", rank, merged)
-		}
-		// A repeated merge keeps its last rank, as in Hugging Face's map built from the list.
-		m.merges[pairKey(int32(ida), int32(idb))] = bpeMerge{int32(rank), int32(id)}
-	}
-	return m, nil
+	return m
 }
 
 // parseMerge reads one merge, either "a b" or ["a", "b"].
@@ -153,7 +160,7 @@ func parseMerge(r json.RawMessage) (string, string, error) {
 // tokenize appends the ids of word to dst.
 func (m *bpe) tokenize(word string, dst []int) ([]int, error) {
 	if m.ignoreMerges {
-		if id, ok := m.vocab[word]; ok {
+		if id, ok := m.vocab.get(word); ok {
 			return append(dst, id), nil
 		}
 	}
@@ -180,7 +187,7 @@ func (m *bpe) tokenizeByteLevel(word string, dst []int) ([]int, error) {
 	}
 	start := len(dst)
 	if m.ignoreMerges {
-		if id, ok := m.vocab[byteLevelEncode(word)]; ok {
+		if id, ok := m.vocab.get(byteLevelEncode(word)); ok {
 			dst = append(dst, id)
 			m.rawCache.put(word, dst[start:])
 			return dst, nil
@@ -236,7 +243,7 @@ func (m *bpe) mergeWord(word string, dst []int) ([]int, error) {
 			s += m.suffix
 		}
 		i += n
-		if id, ok := m.vocab[s]; ok {
+		if id, ok := m.vocab.get(s); ok {
 			flushUnk()
 			add(id)
 			continue
@@ -251,7 +258,7 @@ func (m *bpe) mergeWord(word string, dst []int) ([]int, error) {
 			continue // Hugging Face drops the character
 		}
 		if unkID < 0 {
-			id, ok := m.vocab[m.unkToken]
+			id, ok := m.vocab.get(m.unkToken)
 			if !ok {
 				sc.syms = syms
 				return dst, fmt.Errorf("unk_token %q is not in the vocabulary", m.unkToken)
@@ -286,7 +293,7 @@ func (m *bpe) merge(sc *bpeScratch, syms []bpeSymbol, dst []int) []int {
 		if nx < 0 {
 			return
 		}
-		if mg, ok := m.merges[pairKey(syms[pos].id, syms[nx].id)]; ok {
+		if mg, ok := m.merges.get(pairKey(syms[pos].id, syms[nx].id)); ok {
 			h = heapPush(h, uint64(uint32(mg.rank))<<32|uint64(uint32(pos)))
 		}
 	}
@@ -302,7 +309,7 @@ func (m *bpe) merge(sc *bpeScratch, syms []bpeSymbol, dst []int) []int {
 			continue
 		}
 		nx := sym.next
-		mg, ok := m.merges[pairKey(sym.id, syms[nx].id)]
+		mg, ok := m.merges.get(pairKey(sym.id, syms[nx].id))
 		if !ok || mg.rank != rank {
 			continue // stale entry: one side changed since it was queued
 		}

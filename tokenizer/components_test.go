@@ -410,7 +410,7 @@ func TestByteLevelFastPath(t *testing.T) {
 			w := randomText(r, 1+r.IntN(8))
 			want, err1 := tok.model.mergeWord(byteLevelEncode(w), nil)
 			if ignore {
-				if id, ok := tok.model.vocab[byteLevelEncode(w)]; ok {
+				if id, ok := tok.model.vocab.get(byteLevelEncode(w)); ok {
 					want = []int{id}
 				}
 			}

@@ -99,14 +99,32 @@ func Parse(data []byte) (*Tokenizer, error) {
 }
 
 func parse(data []byte) (*Tokenizer, error) {
+	f, m, ok := fastParse(data)
+	if !ok {
+		return parseReference(data)
+	}
+	return build(f, m)
+}
+
+// parseReference is parse through encoding/json alone: the path for files that fastParse
+// leaves (errors among them), and the reference that the fast loader is tested against.
+func parseReference(data []byte) (*Tokenizer, error) {
 	var f file
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
-	t := &Tokenizer{special: map[string]string{}}
+	return build(f, nil)
+}
+
+// build makes the tokenizer of the sections of f; m is the model if already built from
+// f.Model.
+func build(f file, m *bpe) (*Tokenizer, error) {
+	t := &Tokenizer{special: map[string]string{}, model: m}
 	var err error
-	if t.model, err = parseModel(f.Model); err != nil {
-		return nil, err
+	if t.model == nil {
+		if t.model, err = parseModel(f.Model); err != nil {
+			return nil, err
+		}
 	}
 	if t.normalizer, err = parseNormalizer(f.Normalizer, "normalizer"); err != nil {
 		return nil, err
@@ -149,7 +167,7 @@ func parse(data []byte) (*Tokenizer, error) {
 // index rebuilds the id tables and the added-token matchers.
 func (t *Tokenizer) index() {
 	size := 0
-	for _, id := range t.model.vocab {
+	for _, id := range t.model.vocab.all() {
 		size = max(size, id+1)
 	}
 	for _, a := range t.added {
@@ -157,7 +175,7 @@ func (t *Tokenizer) index() {
 	}
 	t.tokens = make([]string, size)
 	t.hasID = make([]bool, size)
-	for s, id := range t.model.vocab {
+	for s, id := range t.model.vocab.all() {
 		t.tokens[id], t.hasID[id] = s, true
 	}
 	t.addedByID = make(map[int]*AddedToken, len(t.added))
@@ -424,7 +442,7 @@ func (t *Tokenizer) TokenID(s string) (int, bool) {
 	if a, ok := t.addedByS[s]; ok {
 		return a.ID, true
 	}
-	id, ok := t.model.vocab[s]
+	id, ok := t.model.vocab.get(s)
 	return id, ok
 }
 
