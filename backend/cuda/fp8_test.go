@@ -2,9 +2,11 @@ package cuda
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -256,28 +258,13 @@ func TestFP8KernelsCompile(t *testing.T) {
 	}
 	extra.WriteString("FP8_GEMV(f32_e5m2, 1, 2, 4, F32, false, BF16, false)\nFP8_GEMV_GENERIC(g8, 8, F32, false, Half16)\n")
 	extra.WriteString("DEQUANT_FP8(dq_f16, true, Half16, BF16)\nDEQUANT_FP8(dq_f32, false, F32, F32)\n")
-	src, err := kernelSource("fp8.cu", extra.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, log, err := cubind.CompileCUBIN(src, "fp8.cu", append([]string{"--gpu-architecture=" + arch, "--ptxas-options=-v"}, kernelOptions("fp8.cu")...))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log)
-	}
-	checked := 0
-	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
-		name, info, _ := strings.Cut(k, "'")
-		checked++
-		if !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
-			t.Errorf("%s uses local memory:%s", name, info)
-		}
-		if _, regs, ok := strings.Cut(info, "Used "); ok {
+	usage := ptxasUsage(t, "fp8.cu", extra.String(), arch)
+	checkNoSpills(t, usage)
+	for _, name := range slices.Sorted(maps.Keys(usage)) {
+		if _, regs, ok := strings.Cut(usage[name], "Used "); ok {
 			regs, _, _ = strings.Cut(regs, "\n")
 			t.Logf("%s: %s", name, regs)
 		}
-	}
-	if checked == 0 {
-		t.Errorf("no kernel in the ptxas log:\n%s", log)
 	}
 }
 

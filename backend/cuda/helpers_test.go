@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -440,4 +441,39 @@ func compileOnly(t *testing.T, file, extra, arch string) []byte {
 		return nil
 	}
 	return cubin
+}
+
+// ptxasUsage compiles file with the extra instantiations for arch, with ptxas's verbose
+// report, and returns each kernel's part of the report (stack frame, spills, registers) by
+// name.
+func ptxasUsage(t *testing.T, file, extra, arch string) map[string]string {
+	t.Helper()
+	src, err := kernelSource(file, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, log, err := cubind.CompileCUBIN(src, file, append([]string{"--gpu-architecture=" + arch, "--ptxas-options=-v"}, kernelOptions(file)...))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	usage := map[string]string{}
+	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
+		name, info, _ := strings.Cut(k, "'")
+		usage[name] = info
+	}
+	if len(usage) == 0 {
+		t.Fatalf("%s: no kernel in the ptxas report:\n%s", file, log)
+	}
+	return usage
+}
+
+// checkNoSpills fails t for every kernel of usage (ptxasUsage) that uses local memory: a
+// stack frame or spills, whose latency lands on the critical path of every call.
+func checkNoSpills(t *testing.T, usage map[string]string) {
+	t.Helper()
+	for _, name := range slices.Sorted(maps.Keys(usage)) {
+		if info := usage[name]; !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
+			t.Errorf("%s uses local memory:%s", name, info)
+		}
+	}
 }

@@ -312,23 +312,5 @@ func TestLinearFusedKernelsCompile(t *testing.T) {
 		}
 	}
 	extra.WriteString("GEMV_SWIGLU(s_f32, 1, 4, 2, F32)\nGEMV_QKV_ROPE(q_i64, 1, 2, 4, BF16, i64)\n")
-	src, err := kernelSource("gemv.cu", extra.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, log, err := cubind.CompileCUBIN(src, "gemv.cu", append([]string{"--gpu-architecture=" + arch, "--ptxas-options=-v"}, kernelOptions("gemv.cu")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := 0
-	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
-		name, info, _ := strings.Cut(k, "'")
-		checked++
-		if !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
-			t.Errorf("%s uses local memory:%s", name, info)
-		}
-	}
-	if checked == 0 {
-		t.Errorf("no kernel in the ptxas log:\n%s", log)
-	}
+	checkNoSpills(t, ptxasUsage(t, "gemv.cu", extra.String(), arch))
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/tensor"
 )
@@ -628,25 +627,7 @@ func TestFlashKernelsNoSpills(t *testing.T) {
 			extra.WriteString(inst + "\n")
 		}
 	}
-	src, err := kernelSource("flash.cu", extra.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, log, err := cubind.CompileCUBIN(src, "flash.cu", append([]string{"--gpu-architecture=" + arch, "--ptxas-options=-v"}, kernelOptions("flash.cu")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := 0
-	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
-		name, info, _ := strings.Cut(k, "'")
-		checked++
-		if !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
-			t.Errorf("%s uses local memory:%s", name, info)
-		}
-	}
-	if checked == 0 {
-		t.Errorf("no kernel in the ptxas log:\n%s", log)
-	}
+	checkNoSpills(t, ptxasUsage(t, "flash.cu", extra.String(), arch))
 }
 
 // TestFlashPrefillTimings times the prefill of paged_attention on Llama-3.1-8B shapes (H 32,

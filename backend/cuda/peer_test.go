@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -934,27 +935,15 @@ func TestPeerKernelsCompile(t *testing.T) {
 	// The kernels of decode steps keep everything in registers: an argument struct indexed by
 	// a run-time rank, or arrays too big for 64 registers (launch bounds 1024), go to local
 	// memory, whose latency lands on the critical path of every call.
-	src, err := kernelSource("allreduce.cu", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, log, err := cubind.CompileCUBIN(src, "allreduce.cu", append([]string{"--gpu-architecture=sm_90", "--ptxas-options=-v"}, kernelOptions("allreduce.cu")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := 0
-	for _, k := range strings.Split(log, "Compiling entry function '")[1:] {
-		name, info, _ := strings.Cut(k, "'")
+	usage := ptxasUsage(t, "allreduce.cu", "", "sm_90")
+	for name := range usage {
 		if !strings.HasPrefix(name, "allreduce_") && !strings.HasSuffix(name, "_vec") {
-			continue // the loop form of all_reduce_add_rmsnorm: rows no decode step has
-		}
-		checked++
-		if !strings.Contains(info, " 0 bytes stack frame, 0 bytes spill stores") {
-			t.Errorf("%s uses local memory:%s", name, info)
+			delete(usage, name) // the loop form of all_reduce_add_rmsnorm: rows no decode step has
 		}
 	}
-	if checked != 2+8 {
-		t.Errorf("checked %d kernels in the ptxas log, want 10:\n%s", checked, log)
+	checkNoSpills(t, usage)
+	if len(usage) != 2+8 {
+		t.Errorf("checked %d kernels in the ptxas report, want 10: %v", len(usage), slices.Sorted(maps.Keys(usage)))
 	}
 }
 
