@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -121,6 +122,10 @@ type modelReader struct {
 	vocab []vocabRef
 	// merges: the left and right token of each merge, in rank order
 	merges []strRef
+
+	indexing sync.WaitGroup // indexVocab's goroutine
+	table    *vocabTable    // the vocabulary, once indexed
+	byID     []int32        // id -> table entry, or nil (see indexVocab)
 }
 
 type vocabRef struct {
@@ -129,12 +134,15 @@ type vocabRef struct {
 }
 
 // bytes returns the bytes r refers to.
-func (r *modelReader) bytes(s strRef) []byte {
-	if int(s.off) >= len(r.data) {
-		o := int(s.off) - len(r.data)
-		return r.extra[o : o+int(s.n)]
+func (r *modelReader) bytes(s strRef) []byte { return refBytes(r.data, r.extra, s) }
+
+// refBytes returns the bytes that s refers to in data or extra.
+func refBytes(data, extra []byte, s strRef) []byte {
+	if int(s.off) >= len(data) {
+		o := int(s.off) - len(data)
+		return extra[o : o+int(s.n)]
 	}
-	return r.data[s.off : s.off+s.n]
+	return data[s.off : s.off+s.n]
 }
 
 // str reads the string whose quote is data[i]: its contents as a strRef, and the index after
@@ -229,7 +237,9 @@ func (r *modelReader) readVocab(i int) (int, bool) {
 	if i >= len(r.data) || r.data[i] != '{' {
 		return 0, false // null (a missing vocabulary) or not an object: encoding/json says which
 	}
-	r.vocab = make([]vocabRef, 0, 1<<10)
+	// Room for as many entries as a file of this size usually has (Qwen2.5: 151,643 in
+	// 7 MB), which saves growing the list (and touching twice the memory) on large files.
+	r.vocab = make([]vocabRef, 0, len(r.data)/48+16)
 	return scanObject(r.data, i, 3, func(ks, ke int, fl strFlags, vs int) (int, bool) {
 		key, ok := r.ref(ks, ke, fl)
 		if !ok {
@@ -256,7 +266,8 @@ func (r *modelReader) readMerges(i int) (int, bool) {
 	if i >= len(r.data) || r.data[i] != '[' {
 		return 0, false
 	}
-	r.merges = make([]strRef, 0, 1<<11)
+	// Vocabularies usually have about as many merges as tokens.
+	r.merges = make([]strRef, 0, 2*len(r.vocab)+32)
 	d := r.data
 	return scanArray(d, i, 3, func(vs, _ int) (int, bool) {
 		switch d[vs] {
@@ -324,7 +335,11 @@ func fastModel(data []byte, i int) (*bpe, int) {
 		var field any
 		switch modelKeys[k] {
 		case "vocab":
-			return r.readVocab(vs)
+			end, ok := r.readVocab(vs)
+			if ok { // index it while the merges are read
+				r.indexing.Go(r.indexVocab(r.extra))
+			}
+			return end, ok
 		case "merges":
 			return r.readMerges(vs)
 		case "type":
@@ -351,6 +366,7 @@ func fastModel(data []byte, i int) (*bpe, int) {
 		}
 		return ve, true
 	})
+	r.indexing.Wait()
 	if !ok || !seen[0] || !seen[8] || !seen[9] { // type, vocab and merges
 		return nil, 0
 	}
