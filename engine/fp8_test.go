@@ -42,7 +42,8 @@ func countOps(m *Model, op string) int {
 
 // TestFP8HuggingFaceParity holds each FP8 fixture to its reference: the plain graph
 // (logits at every position, greedy by recompute), and the cached engine with the
-// optimized graph at tp=1 and tp=2 (block and channel scales sliced with their weights).
+// optimized graph (q/k/v and gate/up joined) at tp=1 and tp=2 (block and channel scales
+// sliced with their weights).
 func TestFP8HuggingFaceParity(t *testing.T) {
 	for _, name := range fp8Fixtures {
 		dir := filepath.Join("..", "testdata", name)
@@ -81,6 +82,17 @@ func TestFP8HuggingFaceParity(t *testing.T) {
 				if countOps(m, "linear_fp8") == 0 {
 					t.Error("the optimized graph has no linear_fp8")
 				}
+				if meshText == "tp=1" {
+					// fuse_gemms joins q/k/v and gate/up of channel and block scales (2 layers of
+					// qkv, o, gate_up, down); one scale a tensor does not join (7 a layer).
+					want := 8
+					if name == "tiny-qwen3-fp8-ct" {
+						want = 14
+					}
+					if got := countOps(m, "linear_fp8"); got != want {
+						t.Errorf("%d linear_fp8 ops in the optimized graph, want %d", got, want)
+					}
+				}
 				if meshText == "tp=2" {
 					checkFP8Sliced(t, m)
 				}
@@ -100,17 +112,47 @@ func checkFP8Sliced(t *testing.T, m *Model) {
 		if n.Op != "linear_fp8" {
 			continue
 		}
-		w, s := n.Inputs[1].Producer, n.Inputs[2].Producer
-		if w.Attrs.Int("slice_count") > 1 {
-			sliced++
-			if n.Attrs.String("scheme") == "block" && s.Attrs.Int("slice_count") != w.Attrs.Int("slice_count") {
-				t.Errorf("%s: weight sliced in %d, block scale in %d", w.Attrs.String("key"), w.Attrs.Int("slice_count"), s.Attrs.Int("slice_count"))
+		ws, ss := fp8Params(t, n)
+		for i, w := range ws {
+			if s := ss[i]; w.Attrs.Int("slice_count") > 1 {
+				sliced++
+				if n.Attrs.String("scheme") == "block" && s.Attrs.Int("slice_count") != w.Attrs.Int("slice_count") {
+					t.Errorf("%s: weight sliced in %d, block scale in %d", w.Attrs.String("key"), w.Attrs.Int("slice_count"), s.Attrs.Int("slice_count"))
+				}
 			}
 		}
 	}
 	if sliced == 0 {
 		t.Error("tp=2 sliced no fp8 weight")
 	}
+}
+
+// fp8Params returns the params a linear_fp8 reads as its weight and its scale: the params
+// themselves, or those fuse_gemms concatenated (the i-th scale goes with the i-th weight).
+func fp8Params(t *testing.T, n *graph.Node) (weights, scales []*graph.Node) {
+	t.Helper()
+	params := func(v *graph.Value) []*graph.Node {
+		switch p := v.Producer; {
+		case p != nil && p.Op == graph.OpParam:
+			return []*graph.Node{p}
+		case p != nil && p.Op == "concat":
+			var ps []*graph.Node
+			for _, in := range p.Inputs {
+				if in.Producer == nil || in.Producer.Op != graph.OpParam {
+					t.Fatalf("%s: its %s concatenates %s, not a param", n.Out(), v, in)
+				}
+				ps = append(ps, in.Producer)
+			}
+			return ps
+		}
+		t.Fatalf("%s: %s is neither a param nor a concatenation of params", n.Out(), v)
+		return nil
+	}
+	weights, scales = params(n.Inputs[1]), params(n.Inputs[2])
+	if len(weights) != len(scales) {
+		t.Fatalf("%s: %d weights and %d scales", n.Out(), len(weights), len(scales))
+	}
+	return weights, scales
 }
 
 // TestFP8BadCheckpoints: an unknown quant_method, a scale of the wrong shape and a missing

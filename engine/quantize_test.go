@@ -166,13 +166,15 @@ func checkQuantizedParams(t *testing.T, m *Model) {
 			if n.Op != "linear_fp8" {
 				continue
 			}
-			w, s := n.Inputs[1].Producer, n.Inputs[2].Producer
-			key := w.Attrs.String("key")
-			if w.Attrs.DType("dtype") != tensor.F8E4M3 || s.Attrs.DType("dtype") != tensor.F32 || n.Attrs.String("scheme") != "channel" {
-				t.Errorf("%s: weight %s, scale %s, scheme %s; want f8e4m3, f32, channel", key, w.Attrs.DType("dtype"), s.Attrs.DType("dtype"), n.Attrs.String("scheme"))
-			}
-			if !quantizedLinear.MatchString(key) {
-				t.Errorf("%s is quantized: only the decoder layers' projections should be", key)
+			ws, ss := fp8Params(t, n)
+			for i, w := range ws {
+				s, key := ss[i], w.Attrs.String("key")
+				if w.Attrs.DType("dtype") != tensor.F8E4M3 || s.Attrs.DType("dtype") != tensor.F32 || n.Attrs.String("scheme") != "channel" {
+					t.Errorf("%s: weight %s, scale %s, scheme %s; want f8e4m3, f32, channel", key, w.Attrs.DType("dtype"), s.Attrs.DType("dtype"), n.Attrs.String("scheme"))
+				}
+				if !quantizedLinear.MatchString(key) {
+					t.Errorf("%s is quantized: only the decoder layers' projections should be", key)
+				}
 			}
 		}
 	}

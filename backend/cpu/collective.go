@@ -298,6 +298,8 @@ func rowsOf(w *tensor.Tensor, lo, hi, K int) *tensor.Tensor {
 		v.I64 = w.I64[lo*K : hi*K]
 	case tensor.Bool:
 		v.Bool = w.Bool[lo*K : hi*K]
+	case tensor.F8E4M3, tensor.F8E5M2:
+		v.U8 = w.U8[lo*K : hi*K]
 	}
 	return v
 }

@@ -194,6 +194,8 @@ func copyRange(dst, src *tensor.Tensor, off, n int) error {
 		copy(dst.I64, src.I64[off:off+n])
 	case tensor.Bool:
 		copy(dst.Bool, src.Bool[off:off+n])
+	case tensor.F8E4M3, tensor.F8E5M2:
+		copy(dst.U8, src.U8[off:off+n])
 	default:
 		return fmt.Errorf("dtype %s", src.DType)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-var allDTypes = []tensor.DType{tensor.F32, tensor.BF16, tensor.F16, tensor.I32, tensor.I64, tensor.Bool}
+var allDTypes = []tensor.DType{tensor.F32, tensor.BF16, tensor.F16, tensor.I32, tensor.I64, tensor.Bool, tensor.F8E4M3, tensor.F8E5M2}
 
 // anyTensor fills a tensor of any dtype with distinct-ish values (bools alternate randomly).
 func anyTensor(rng *rand.Rand, dt tensor.DType, shape ...int) *tensor.Tensor {

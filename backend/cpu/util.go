@@ -149,6 +149,8 @@ func gather(src *tensor.Tensor, shape, stride []int, base int) *tensor.Tensor {
 		gatherT(out.I64, src.I64, shape, stride, base)
 	case tensor.Bool:
 		gatherT(out.Bool, src.Bool, shape, stride, base)
+	case tensor.F8E4M3, tensor.F8E5M2:
+		gatherT(out.U8, src.U8, shape, stride, base)
 	}
 	return out
 }
@@ -175,6 +177,8 @@ func scatter(dst, src *tensor.Tensor, stride []int, base int) {
 		scatterT(dst.I64, src.I64, src.Shape, stride, base)
 	case tensor.Bool:
 		scatterT(dst.Bool, src.Bool, src.Shape, stride, base)
+	case tensor.F8E4M3, tensor.F8E5M2:
+		scatterT(dst.U8, src.U8, src.Shape, stride, base)
 	}
 }
 

@@ -378,7 +378,8 @@ func seeded(name string) *rand.Rand {
 	return rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15))
 }
 
-// randomFloats fills a float tensor with uniform values in [-1, 1), rounded to its dtype.
+// randomFloats fills a float tensor (f8 too) with uniform values in [-1, 1), rounded to its
+// dtype.
 func randomFloats(dt tensor.DType, shape []int, name string) (*tensor.Tensor, error) {
 	t := tensor.New(dt, shape...)
 	r := seeded(name)
@@ -391,6 +392,10 @@ func randomFloats(dt tensor.DType, shape []int, name string) (*tensor.Tensor, er
 			t.Half[i] = tensor.F32ToBF16(v)
 		case tensor.F16:
 			t.Half[i] = tensor.F32ToF16(v)
+		case tensor.F8E4M3:
+			t.U8[i] = tensor.F32ToF8E4M3(v)
+		case tensor.F8E5M2:
+			t.U8[i] = tensor.F32ToF8E5M2(v)
 		default:
 			return nil, fmt.Errorf("%s: random %s values", name, dt)
 		}
