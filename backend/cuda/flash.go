@@ -15,9 +15,9 @@ import (
 // flashWarps is the kernel's W, the warps of a block (4 or 8), and flashMT its MT, the m16
 // row tiles of a warp (1 or 2): a block covers 16*W*MT rows of (token, query head) and
 // loads each K/V tile once for all of them. Tests change them to compare. On an H200
-// (TestFlashPrefillTimings, Llama-3.1-8B heads) 8 warps of one tile beat 4 by 1.05-1.27x;
-// 4 warps of two tiles were 1.05x faster on whole prompts but 1.10x slower on 512-token
-// chunks after 31,744 positions, the engine's common case.
+// (TestFlashPrefillTimings, Llama-3.1-8B heads, two device calls) 8 warps of one tile ran
+// 1.00-1.26x faster than 4; 4 warps of two tiles were 1.05x faster than 8 of one on whole
+// prompts but 1.10x slower on 512-token chunks after 31,744 positions.
 var flashWarps, flashMT = 8, 1
 
 // flashRows is the rows of one block of the kernel.
