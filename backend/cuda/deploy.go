@@ -123,6 +123,7 @@ func (cudaBackend) Deploy(ctx context.Context, s backend.Spec) (*backend.Deploym
 		}
 		dep.progs = append(dep.progs, prog)
 	}
+	warnFP8Batches(s.Graphs[0])
 	out := &backend.Deployment{
 		Ranks: ranks, Device: dep.devs[0].Info().String(), WeightBytes: dep.progs[0].WeightBytes(),
 		FreeMemory: dep.freeMemory, Close: dep.close,

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"slices"
 
@@ -208,6 +209,19 @@ func LinearFP8(d *Device, out, x, w, scale, ws *Tensor, scheme string, block []i
 		return fmt.Errorf("cuda: linear_fp8: %w", err)
 	}
 	return d.do(func() error { return linearFP8(d, out, x, w, scale, ws, s) })
+}
+
+// warnFP8Batches logs, for a graph with FP8 linears, what steps of more than fp8GemvMaxM
+// rows cost: each such linear dequantizes its whole weight into the workspace at every step
+// before cuBLAS (there is no FP8 GEMM yet), so batches run slower than with bf16 weights.
+func warnFP8Batches(g *graph.Graph) {
+	for _, n := range g.Nodes {
+		if n.Op == "linear_fp8" {
+			slog.Warn("cuda: FP8 linears run a GEMV up to a few rows a step; larger steps dequantize every weight at each step, slower than bf16 weights (serve batches in bf16 for now)",
+				"gemv_max_rows", fp8GemvMaxM)
+			return
+		}
+	}
 }
 
 func linearFP8(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme) error {
