@@ -41,11 +41,11 @@ func platformKernels() []kernelSet {
 // The micro-kernels (kernels_amd64.s): n is a multiple of 8; out receives the sums of the
 // first n products of each output, its eight lanes added pairwise,
 // ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (4x2 and 4x1: out[i] = x_i·w0, out[4+i] = x_i·w1;
-// 1x4: out[r] = x·w_r). The 1x4 kernels prefetch from address pf on, as many bytes as their
-// four rows hold (prefetches do not fault: pf may be any address).
+// 1x4: out[r] = x·w_r). The 1x4 kernels and the bf16 4x2 prefetch from address pf on, as
+// many bytes as their weight rows hold (prefetches do not fault: pf may be any address).
 
 //go:noescape
-func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
+func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, pf uintptr, n int, out *[8]float32)
 
 //go:noescape
 func avx2BF16x4x1(x0, x1, x2, x3, w0 unsafe.Pointer, n int, out *[8]float32)
@@ -193,7 +193,11 @@ func avx2Group(res, xs []float32, wp []unsafe.Pointer, half bool, M, N, K, j int
 		r := 0
 		for ; r+2 <= len(wp); r += 2 {
 			if half {
-				avx2BF16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &out)
+				pf := next // the pair after this one: in this group, or the next group's first
+				if r+2 < len(wp) {
+					pf = uintptr(wp[r+2])
+				}
+				avx2BF16x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], pf, kv, &out)
 			} else {
 				avx2F32x4x2(xp(m), xp(m+1), xp(m+2), xp(m+3), wp[r], wp[r+1], kv, &out)
 			}

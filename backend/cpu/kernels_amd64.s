@@ -10,22 +10,25 @@
 // iteration, then 8 k once if n is an odd multiple of 8; VZEROUPPER before return. The 1x4
 // kernels (one row of x, the decode case) also prefetch the bytes at pf, as many as the four
 // weight rows hold, in one linear stream: the next group's rows, which short rows would
-// otherwise leave the hardware prefetcher too little time to find. Each kernel then adds the
+// otherwise leave the hardware prefetcher too little time to find. The bf16 4x2 kernel (four
+// rows of x: batches and prefill) prefetches likewise as many bytes as its two weight rows
+// hold: the next pair's. Each kernel then adds the
 // eight lanes of each accumulator pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (VHADDPS
 // twice, the halves added), and stores the sums to out: 4x2 and 4x1 kernels row of x
 // fastest (out[i] = x_i·w0, out[4+i] = x_i·w1), 1x4 out[r] = x·w_r.
 
 
-// func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, n int, out *[8]float32)
-TEXT ·avx2BF16x4x2(SB), NOSPLIT, $0-64
+// func avx2BF16x4x2(x0, x1, x2, x3, w0, w1 unsafe.Pointer, pf uintptr, n int, out *[8]float32)
+TEXT ·avx2BF16x4x2(SB), NOSPLIT, $0-72
 	MOVQ x0+0(FP), SI
 	MOVQ x1+8(FP), DX
 	MOVQ x2+16(FP), R12
 	MOVQ x3+24(FP), R13
 	MOVQ w0+32(FP), R8
 	MOVQ w1+40(FP), R9
-	MOVQ n+48(FP), CX
-	MOVQ out+56(FP), DI
+	MOVQ pf+48(FP), R10
+	MOVQ n+56(FP), CX
+	MOVQ out+64(FP), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -40,6 +43,7 @@ TEXT ·avx2BF16x4x2(SB), NOSPLIT, $0-64
 	CMPQ BX, $0
 	JEQ avx2BF16x4x2_tail
 avx2BF16x4x2_loop16:
+	PREFETCHT0 0(R10)(AX*4)
 	VPMOVZXWD 0(R8)(AX*2), Y8
 	VPSLLD $16, Y8, Y8
 	VPMOVZXWD 0(R9)(AX*2), Y9
@@ -78,6 +82,7 @@ avx2BF16x4x2_loop16:
 avx2BF16x4x2_tail:
 	CMPQ AX, CX
 	JGE avx2BF16x4x2_done
+	PREFETCHT0 0(R10)(AX*4)
 	VPMOVZXWD 0(R8)(AX*2), Y8
 	VPSLLD $16, Y8, Y8
 	VPMOVZXWD 0(R9)(AX*2), Y9
