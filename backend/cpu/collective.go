@@ -259,7 +259,7 @@ func linearAllReduce(ctx context.Context, n *graph.Node, lin Kernel, b *dist.Bou
 	}()
 	var linErr error
 	for i, ch := range chunks {
-		wc := rowsOf(w, ch[0], ch[1], K)
+		wc := elemView(w, ch[0]*K, []int{ch[1] - ch[0], K})
 		shape := slices.Clone(o.Shape)
 		shape[len(shape)-1] = ch[1] - ch[0]
 		y, err := lin(n, []*tensor.Tensor{x, wc}, []Out{{DType: o.DType, Shape: shape}})
@@ -282,26 +282,6 @@ func linearAllReduce(ctx context.Context, n *graph.Node, lin Kernel, b *dist.Bou
 		copyColumns(res, parts[i], M, N, ch[0], ch[1]-ch[0])
 	}
 	return []*tensor.Tensor{res}, nil
-}
-
-// rowsOf is rows [lo, hi) of the 2-D tensor w[N,K], sharing its storage.
-func rowsOf(w *tensor.Tensor, lo, hi, K int) *tensor.Tensor {
-	v := &tensor.Tensor{DType: w.DType, Shape: []int{hi - lo, K}}
-	switch w.DType {
-	case tensor.F32:
-		v.F32 = w.F32[lo*K : hi*K]
-	case tensor.BF16, tensor.F16:
-		v.Half = w.Half[lo*K : hi*K]
-	case tensor.I32:
-		v.I32 = w.I32[lo*K : hi*K]
-	case tensor.I64:
-		v.I64 = w.I64[lo*K : hi*K]
-	case tensor.Bool:
-		v.Bool = w.Bool[lo*K : hi*K]
-	case tensor.F8E4M3, tensor.F8E5M2:
-		v.U8 = w.U8[lo*K : hi*K]
-	}
-	return v
 }
 
 // copyColumns writes part [M,width] into columns [lo, lo+width) of dst [M,N].

@@ -172,32 +172,6 @@ func ringShift(ctx context.Context, bound *dist.Bound, comm dist.Communicator, x
 	from := (g.Index + g.Size() - 1) % g.Size()
 	per := tensor.Numel(x.Shape)
 	y := tensor.New(x.DType, x.Shape...)
-	if err := copyRange(y, all, from*per, per); err != nil {
-		return nil, fmt.Errorf("ring_shift: %w", err)
-	}
+	tensor.CopyRange(y, 0, all, from*per, per)
 	return []*tensor.Tensor{y}, nil
-}
-
-// copyRange copies n elements of src from offset off into dst, of the same dtype.
-func copyRange(dst, src *tensor.Tensor, off, n int) error {
-	if dst.DType != src.DType {
-		return fmt.Errorf("dtype %s into %s", src.DType, dst.DType)
-	}
-	switch src.DType {
-	case tensor.F32:
-		copy(dst.F32, src.F32[off:off+n])
-	case tensor.BF16, tensor.F16:
-		copy(dst.Half, src.Half[off:off+n])
-	case tensor.I32:
-		copy(dst.I32, src.I32[off:off+n])
-	case tensor.I64:
-		copy(dst.I64, src.I64[off:off+n])
-	case tensor.Bool:
-		copy(dst.Bool, src.Bool[off:off+n])
-	case tensor.F8E4M3, tensor.F8E5M2:
-		copy(dst.U8, src.U8[off:off+n])
-	default:
-		return fmt.Errorf("dtype %s", src.DType)
-	}
-	return nil
 }
