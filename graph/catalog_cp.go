@@ -3,6 +3,7 @@ package graph
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -155,6 +156,44 @@ func inferPagedAttentionPartial(n *Node) ([]Type, error) {
 		return nil, fmt.Errorf("window must be >= 0, got %d", n.Attrs.Int("window"))
 	}
 	return []Type{{tensor.F32, q.Shape.Clone()}, {tensor.F32, q.Shape[:4].Clone()}}, nil
+}
+
+// PagedPartialDims are the sizes of one paged_attention_partial call on concrete tensors
+// (B is 1): q [NQ,1,H,Sq,D], k and v [1,KV,Sk,D], caches [NB,BS,KV,D], block_tables [N,M],
+// kv_pos [N,L].
+type PagedPartialDims struct{ NQ, H, Sq, D, KV, Sk, NB, BS, N, M, L int }
+
+// PagedPartialShapes checks the concrete shapes of paged_attention_partial's ten inputs, in
+// the order of its OpSpec, as a backend receives them (with the caches' dtypes, which must
+// agree), and returns their sizes. The error names what does not fit.
+func PagedPartialShapes(shapes [][]int, kcDType, vcDType tensor.DType) (PagedPartialDims, error) {
+	var d PagedPartialDims
+	if len(shapes) != 10 {
+		return d, fmt.Errorf("want 10 inputs, got %d", len(shapes))
+	}
+	q, k, v, qp, kc, vc, slots, qseq, tables, kvp := shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[5], shapes[6], shapes[7], shapes[8], shapes[9]
+	if len(q) != 5 || len(k) != 4 || !slices.Equal(k, v) || k[0] != 1 || q[1] != 1 {
+		return d, fmt.Errorf("want q [NQ,1,H,Sq,D] and k, v [1,KV,Sk,D] (a step's flattened tokens), got %v, %v, %v", q, k, v)
+	}
+	d.NQ, d.H, d.Sq, d.D = q[0], q[2], q[3], q[4]
+	d.KV, d.Sk = k[1], k[2]
+	if d.KV == 0 || d.H%d.KV != 0 || k[3] != d.D {
+		return d, fmt.Errorf("q %v does not fit k %v", q, k)
+	}
+	if len(kc) != 4 || !slices.Equal(kc, vc) || kcDType != vcDType || kc[2] != d.KV || kc[3] != d.D || kc[1] < 1 {
+		return d, fmt.Errorf("caches must be [NB,BS,%d,%d] of one dtype, got %s%v and %s%v", d.KV, d.D, kcDType, kc, vcDType, vc)
+	}
+	d.NB, d.BS = kc[0], kc[1]
+	if !slices.Equal(qp, []int{d.NQ, 1, d.Sq}) || !slices.Equal(slots, []int{d.Sk}) || !slices.Equal(qseq, []int{d.NQ, d.Sq}) ||
+		len(tables) != 2 || len(kvp) != 2 || tables[0] != kvp[0] {
+		return d, fmt.Errorf("q_pos %v, slot_mapping %v, q_seq %v, block_tables %v, kv_pos %v do not fit q %v and k %v",
+			qp, slots, qseq, tables, kvp, q, k)
+	}
+	d.N, d.M, d.L = tables[0], tables[1], kvp[1]
+	if d.L > d.M*d.BS {
+		return d, fmt.Errorf("kv_pos has %d entries per sequence, block_tables' %d blocks hold %d", d.L, d.M, d.M*d.BS)
+	}
+	return d, nil
 }
 
 // DecomposeAttentionMerge writes attention_merge in primitives: o1, o2 f32[...,D] and

@@ -26,27 +26,16 @@ func pagedAttentionPartial(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*te
 	fail := func(format string, args ...any) ([]*tensor.Tensor, error) {
 		return nil, fmt.Errorf("paged_attention_partial: "+format, args...)
 	}
-	if len(q.Shape) != 5 || len(k.Shape) != 4 || !slices.Equal(k.Shape, v.Shape) || k.Shape[0] != 1 || q.Shape[1] != 1 {
-		return fail("want q [NQ,1,H,Sq,D] and k, v [1,KV,Sk,D] (a step's flattened tokens), got %v, %v, %v", q.Shape, k.Shape, v.Shape)
+	shapes := make([][]int, len(in))
+	for i, t := range in {
+		shapes[i] = t.Shape
 	}
-	NQ, H, Sq, D := q.Shape[0], q.Shape[2], q.Shape[3], q.Shape[4]
-	KV, Sk := k.Shape[1], k.Shape[2]
-	if KV == 0 || H%KV != 0 || k.Shape[3] != D {
-		return fail("q %v does not fit k %v", q.Shape, k.Shape)
+	dims, err := graph.PagedPartialShapes(shapes, kc.DType, vc.DType)
+	if err != nil {
+		return fail("%w", err)
 	}
-	if len(kc.Shape) != 4 || !slices.Equal(kc.Shape, vc.Shape) || kc.DType != vc.DType || kc.Shape[2] != KV || kc.Shape[3] != D || kc.Shape[1] < 1 {
-		return fail("caches must be [NB,BS,%d,%d] of one dtype, got %s%v and %s%v", KV, D, kc.DType, kc.Shape, vc.DType, vc.Shape)
-	}
-	NB, BS := kc.Shape[0], kc.Shape[1]
-	if !slices.Equal(qpT.Shape, []int{NQ, 1, Sq}) || !slices.Equal(slotsT.Shape, []int{Sk}) || !slices.Equal(qseqT.Shape, []int{NQ, Sq}) ||
-		len(tablesT.Shape) != 2 || len(kvpT.Shape) != 2 || tablesT.Shape[0] != kvpT.Shape[0] {
-		return fail("q_pos %v, slot_mapping %v, q_seq %v, block_tables %v, kv_pos %v do not fit q %v and k %v",
-			qpT.Shape, slotsT.Shape, qseqT.Shape, tablesT.Shape, kvpT.Shape, q.Shape, k.Shape)
-	}
-	N, M, L := tablesT.Shape[0], tablesT.Shape[1], kvpT.Shape[1]
-	if L > M*BS {
-		return fail("kv_pos has %d entries per sequence, block_tables' %d blocks hold %d", L, M, M*BS)
-	}
+	NQ, H, Sq, D, KV, Sk := dims.NQ, dims.H, dims.Sq, dims.D, dims.KV, dims.Sk
+	NB, BS, N, M, L := dims.NB, dims.BS, dims.N, dims.M, dims.L
 	if err := checkShape(q.Shape, out[0]); err != nil {
 		return nil, err
 	}

@@ -309,27 +309,16 @@ func pagedAttentionPartial(d *Device, o, lse *Tensor, in []*Tensor, scale float3
 			return fail("%w", err)
 		}
 	}
-	if len(q.Shape) != 5 || q.Shape[1] != 1 || len(k.Shape) != 4 || k.Shape[0] != 1 || !slices.Equal(k.Shape, v.Shape) {
-		return fail("want q [NQ,1,H,Sq,D] and k, v [1,KV,Sk,D] (a step's flattened tokens), got %v, %v, %v", q.Shape, k.Shape, v.Shape)
+	shapes := make([][]int, len(in))
+	for i, t := range in {
+		shapes[i] = t.Shape
 	}
-	NQ, H, Sq, D := q.Shape[0], q.Shape[2], q.Shape[3], q.Shape[4]
-	KV, Sk := k.Shape[1], k.Shape[2]
-	if KV == 0 || H%KV != 0 || k.Shape[3] != D {
-		return fail("q %v does not fit k %v", q.Shape, k.Shape)
+	dims, err := graph.PagedPartialShapes(shapes, kc.DType, vc.DType)
+	if err != nil {
+		return fail("%w", err)
 	}
-	if len(kc.Shape) != 4 || !slices.Equal(kc.Shape, vc.Shape) || kc.DType != vc.DType || kc.Shape[2] != KV || kc.Shape[3] != D || kc.Shape[1] < 1 {
-		return fail("caches must be [NB,BS,%d,%d] of one dtype, got %s%v and %s%v", KV, D, kc.DType, kc.Shape, vc.DType, vc.Shape)
-	}
-	NB, BS := kc.Shape[0], kc.Shape[1]
-	if !slices.Equal(qp.Shape, []int{NQ, 1, Sq}) || !slices.Equal(slots.Shape, []int{Sk}) || !slices.Equal(qseq.Shape, []int{NQ, Sq}) ||
-		len(tables.Shape) != 2 || len(kvp.Shape) != 2 || tables.Shape[0] != kvp.Shape[0] {
-		return fail("q_pos %v, slot_mapping %v, q_seq %v, block_tables %v, kv_pos %v do not fit q %v and k %v",
-			qp.Shape, slots.Shape, qseq.Shape, tables.Shape, kvp.Shape, q.Shape, k.Shape)
-	}
-	N, M, L := tables.Shape[0], tables.Shape[1], kvp.Shape[1]
-	if L > M*BS {
-		return fail("kv_pos has %d entries per sequence, block_tables' %d blocks hold %d", L, M, M*BS)
-	}
+	NQ, H, Sq, D, KV, Sk := dims.NQ, dims.H, dims.Sq, dims.D, dims.KV, dims.Sk
+	NB, BS, N, M, L := dims.NB, dims.BS, dims.N, dims.M, dims.L
 	if D > cpMaxD {
 		return fail("head size %d is above the kernel's limit %d", D, cpMaxD)
 	}
