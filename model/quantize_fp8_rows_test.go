@@ -275,10 +275,7 @@ func TestLoadQuantizedSlices(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dir := t.TempDir()
-		if err := safetensors.Write(filepath.Join(dir, SingleFile), map[string]*tensor.Tensor{"w": w}); err != nil {
-			t.Fatal(err)
-		}
+		dir := writeWeight(t, w)
 		for _, tc := range []struct {
 			name             string
 			dim, index, cnt  int
@@ -292,14 +289,7 @@ func TestLoadQuantizedSlices(t *testing.T) {
 			{"columns 0 of 5/scale first", 1, 0, 5, true, true},
 		} {
 			t.Run(fmt.Sprintf("%s/%s", dt, tc.name), func(t *testing.T) {
-				ck, err := OpenCheckpoint(dir)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ck.Close()
-				if err := ck.QuantizeWhileLoading(map[string]string{"w": "w_scale"}); err != nil {
-					t.Fatal(err)
-				}
+				ck := openQuantizing(t, dir)
 				wref := graph.ParamRef{Key: "w", DType: tensor.F8E4M3, Shape: []int{n, k}, SliceDim: tc.dim, SliceIndex: tc.index, SliceCount: tc.cnt}
 				sref := graph.ParamRef{Key: "w_scale", DType: tensor.F32, Shape: []int{n, 1}, SliceDim: -1}
 				if tc.dim == 0 {
@@ -352,18 +342,7 @@ func TestLoadQuantizedSlices(t *testing.T) {
 func TestLoadQuantizedBadValue(t *testing.T) {
 	w := tensor.FromF32(make([]float32, 12*4), 12, 4).Cast(tensor.BF16)
 	w.Half[9*4+1] = tensor.F32ToBF16(float32(math.NaN()))
-	dir := t.TempDir()
-	if err := safetensors.Write(filepath.Join(dir, SingleFile), map[string]*tensor.Tensor{"w": w}); err != nil {
-		t.Fatal(err)
-	}
-	ck, err := OpenCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	if err := ck.QuantizeWhileLoading(map[string]string{"w": "w_scale"}); err != nil {
-		t.Fatal(err)
-	}
+	ck := openQuantizing(t, writeWeight(t, w))
 	for _, ref := range []graph.ParamRef{
 		{Key: "w", DType: tensor.F8E4M3, Shape: []int{12, 4}, SliceDim: -1},
 		{Key: "w_scale", DType: tensor.F32, Shape: []int{12, 1}, SliceDim: 0, SliceIndex: 2, SliceCount: 3},
@@ -409,18 +388,7 @@ func BenchmarkQuantizeFP8(b *testing.B) {
 		speedup(b)
 	})
 	b.Run("load", func(b *testing.B) {
-		dir := b.TempDir()
-		if err := safetensors.Write(filepath.Join(dir, SingleFile), map[string]*tensor.Tensor{"w": w}); err != nil {
-			b.Fatal(err)
-		}
-		ck, err := OpenCheckpoint(dir)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer ck.Close()
-		if err := ck.QuantizeWhileLoading(map[string]string{"w": "w_scale"}); err != nil {
-			b.Fatal(err)
-		}
+		ck := openQuantizing(b, writeWeight(b, w))
 		ref := graph.ParamRef{Key: "w", DType: tensor.F8E4M3, Shape: []int{n, k}, SliceDim: -1}
 		b.SetBytes(int64(n * k * 2))
 		for b.Loop() {
@@ -430,4 +398,30 @@ func BenchmarkQuantizeFP8(b *testing.B) {
 		}
 		speedup(b)
 	})
+}
+
+// writeWeight writes w as the tensor "w" of a one-file checkpoint in a new folder and returns
+// the folder.
+func writeWeight(tb testing.TB, w *tensor.Tensor) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := safetensors.Write(filepath.Join(dir, SingleFile), map[string]*tensor.Tensor{"w": w}); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// openQuantizing opens the checkpoint in dir, closed when the test ends, quantizing "w" while
+// loading with its scale "w_scale".
+func openQuantizing(tb testing.TB, dir string) *Checkpoint {
+	tb.Helper()
+	ck, err := OpenCheckpoint(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ck.Close() })
+	if err := ck.QuantizeWhileLoading(map[string]string{"w": "w_scale"}); err != nil {
+		tb.Fatal(err)
+	}
+	return ck
 }
