@@ -12,8 +12,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
@@ -196,8 +198,7 @@ func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options)
 	var shards [][]safetensors.Entry
 	var cur []safetensors.Entry
 	var size int64
-	rng := opts.Seed*0x9E3779B97F4A7C15 + 1
-	for _, n := range g.Params() {
+	for i, n := range g.Params() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -209,12 +210,11 @@ func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options)
 		data := make([]byte, numel*ref.DType.Size())
 		switch {
 		case strings.HasSuffix(ref.Key, "norm.weight"):
-			fill(data, ref.DType, func() float32 { return 1 })
+			fillParallel(data, ref.DType, 0, 0, 0)
 		case len(ref.Shape) == 1:
-			fill(data, ref.DType, func() float32 { rng = xorshift(rng); return uniform(rng) * 0.02 })
+			fillParallel(data, ref.DType, opts.Seed, i, 0.02)
 		default:
-			a := float32(0.02 * math.Sqrt(3))
-			fill(data, ref.DType, func() float32 { rng = xorshift(rng); return uniform(rng) * a })
+			fillParallel(data, ref.DType, opts.Seed, i, float32(0.02*math.Sqrt(3)))
 		}
 		st, ok := safetensors.FromTensor(ref.DType)
 		if !ok {
@@ -245,6 +245,41 @@ func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options)
 	}
 	index, _ := json.MarshalIndent(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}, "", "  ")
 	return os.WriteFile(filepath.Join(dir, model.IndexFile), index, 0o644)
+}
+
+// fillChunk is the number of elements one goroutine of fillParallel fills from its own
+// random stream.
+const fillChunk = 1 << 18
+
+// fillParallel fills data (elements of dt) with values ~U(-a, a), or with ones when a is 0,
+// on every core. Chunk c of param i draws from a stream seeded by (seed, i, c), so the bytes
+// depend only on the seed and the param's place, not on the number of cores.
+func fillParallel(data []byte, dt tensor.DType, seed uint64, param int, a float32) {
+	size := dt.Size()
+	numel := len(data) / size
+	chunks := (numel + fillChunk - 1) / fillChunk
+	var wg sync.WaitGroup
+	work := make(chan int, chunks)
+	for c := 0; c < chunks; c++ {
+		work <- c
+	}
+	close(work)
+	for w := 0; w < min(runtime.GOMAXPROCS(0), chunks); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range work {
+				lo, hi := c*fillChunk, min((c+1)*fillChunk, numel)
+				rng := (seed*0x9E3779B97F4A7C15 + 1) ^ (uint64(param)<<32|uint64(c))*0xBF58476D1CE4E5B9 | 1
+				next := func() float32 { return 1 }
+				if a != 0 {
+					next = func() float32 { rng = xorshift(rng); return uniform(rng) * a }
+				}
+				fill(data[lo*size:hi*size], dt, next)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func fill(data []byte, dt tensor.DType, next func() float32) {
