@@ -224,6 +224,46 @@ func init() {
 		},
 	})
 	Register(&OpSpec{
+		Name: "qkv_norm_rope", Doc: "qkv_rope with a per-head RMSNorm of q and k before the rotation (Qwen3, OLMo-2 style q_norm and k_norm): x[B,S,(H+2*KV)*D] laid out as heads, q's heads normalised with q_norm[D] and k's with k_norm[D] as op rmsnorm does, then q and k rotated at positions[B,S] as op rope does. Returns q[B,H,S,D] and k[B,KV,S,D] of the norms' result dtype, v[B,KV,S,D] of x's dtype.",
+		Inputs: []string{"x", "q_norm", "k_norm", "positions"},
+		Attrs:  append(qkvRoPEAttrs(), AttrSpec{Name: "eps", Type: AttrFloat, Doc: "the norms' epsilon"}),
+		Infer: func(n *Node) ([]Type, error) {
+			spec, _ := Lookup("qkv_rope")
+			ts, err := spec.Infer(&Node{Op: "qkv_rope", Inputs: []*Value{n.Inputs[0], n.Inputs[3]}, Attrs: n.Attrs})
+			if err != nil {
+				return nil, err
+			}
+			for i, w := range []Type{inType(n, 1), inType(n, 2)} {
+				if err := checkNormWeight(ts[i], w); err != nil {
+					return nil, fmt.Errorf("%s: %w", []string{"q_norm", "k_norm"}[i], err)
+				}
+				if ts[i].DType, err = Promote(w.DType, ts[i].DType); err != nil {
+					return nil, err
+				}
+			}
+			return ts, nil
+		},
+		Decompose: func(b *Builder, n *Node) ([]*Value, error) {
+			x, pos := n.Inputs[0], n.Inputs[3]
+			H, KV, hd := n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), n.Outputs[0].Type.Shape[3]
+			bd, sd := x.Type.Shape[0], x.Type.Shape[1]
+			parts := b.Split(x, -1, H*hd.Size, KV*hd.Size, KV*hd.Size)
+			if err := b.Err(); err != nil {
+				return nil, err
+			}
+			eps := Attrs{"eps": n.Attrs.Float("eps")}
+			q := b.Op("rmsnorm", eps, b.Reshape(parts[0], bd, sd, D(H), hd), n.Inputs[1])
+			k := b.Op("rmsnorm", eps, b.Reshape(parts[1], bd, sd, D(KV), hd), n.Inputs[2])
+			v := b.Transpose(b.Reshape(parts[2], bd, sd, D(KV), hd), 0, 2, 1, 3)
+			rot := b.Apply("rope", Attrs{"inv_freq": n.Attrs.Floats("inv_freq"), "scaling": n.Attrs.Float("scaling")},
+				b.Transpose(q, 0, 2, 1, 3), b.Transpose(k, 0, 2, 1, 3), pos)
+			if err := b.Err(); err != nil {
+				return nil, err
+			}
+			return []*Value{rot[0], rot[1], v}, nil
+		},
+	})
+	Register(&OpSpec{
 		Name: "swiglu_packed", Doc: "swiglu of the packed gate|up projections: x[...,2I] (gate on the first I of the last axis, up on the last I) -> silu(gate) * up [...,I].",
 		Inputs: []string{"x"},
 		Infer: func(n *Node) ([]Type, error) {

@@ -433,6 +433,14 @@ func packedInferCases() []inferCase {
 		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 64), ty(i32, "B", "S")}, attrs: qkv(4, 0, nil), err: "heads, kv_heads and inverse frequencies >= 1"},
 		{op: "qkv_rope", in: []Type{ty(f32t, "B", "S", 64), ty(i32, "B", "S")}, attrs: Attrs{"heads": 4, "kv_heads": 2}, err: "missing required attribute inv_freq"},
 
+		{op: "qkv_norm_rope", in: []Type{ty(bf16, "B", "S", 64), ty(bf16, 8), ty(bf16, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}),
+			want: []Type{ty(bf16, "B", 4, "S", 8), ty(bf16, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
+		{op: "qkv_norm_rope", in: []Type{ty(bf16, "B", "S", 64), ty(f32t, 8), ty(bf16, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}),
+			want: []Type{ty(f32t, "B", 4, "S", 8), ty(bf16, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
+		{op: "qkv_norm_rope", in: []Type{ty(f32t, "B", "S", 64), ty(f32t, 4), ty(f32t, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "q_norm: norm weight [4] does not fit"},
+		{op: "qkv_norm_rope", in: []Type{ty(f32t, "B", "S", 64), ty(f32t, 8), ty(i32, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "k_norm: norm needs float operands"},
+		{op: "qkv_norm_rope", in: []Type{ty(f32t, "B", "S", 56), ty(f32t, 8), ty(f32t, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "last axis 56 is not (4+2*2)*8"},
+
 		{op: "swiglu_packed", in: []Type{ty(bf16, "B", "S", 320)}, want: []Type{ty(bf16, "B", "S", 160)}},
 		{op: "swiglu_packed", in: []Type{ty(f32t, 6)}, want: []Type{ty(f32t, 3)}},
 		{op: "swiglu_packed", in: []Type{ty(f32t, "B", 7)}, err: "last axis 7 is not of a constant even size"},

@@ -646,7 +646,8 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(checkReparse)
 }
 
-// buildPacked uses the fused ops over packed projections, qkv_rope and swiglu_packed, and
+// buildPacked uses the fused ops over packed projections, qkv_rope, qkv_norm_rope and
+// swiglu_packed, and
 // their fusions with the linear before them.
 func buildPacked() (*Graph, error) {
 	b := NewBuilder("packed")
@@ -657,9 +658,15 @@ func buildPacked() (*Graph, error) {
 	attrs := Attrs{"heads": 4, "kv_heads": 2, "inv_freq": []float64{1, 0.1, 0.01, 0.001}, "scaling": 0.75}
 	qkv := b.Apply("qkv_rope", attrs, x, pos)
 	lqkv := b.Apply("linear_qkv_rope", attrs, b.Slice(x, -1, 0, 16), w, pos)
+	nw := b.Input("norm", tensor.BF16, Shape{D(8)})
+	nattrs := Attrs{"eps": 1e-6}
+	for k, v := range attrs {
+		nattrs[k] = v
+	}
+	nqkv := b.Apply("qkv_norm_rope", nattrs, x, nw, nw, pos)
 	b.SetScope("model.layers.0.mlp")
 	h := b.Op("swiglu_packed", nil, x)
 	lh := b.Op("linear_swiglu", nil, b.Slice(x, -1, 0, 16), w)
-	b.Output(qkv[0], qkv[1], qkv[2], h, lqkv[0], lqkv[1], lqkv[2], lh)
+	b.Output(qkv[0], qkv[1], qkv[2], h, lqkv[0], lqkv[1], lqkv[2], lh, nqkv[0], nqkv[1], nqkv[2])
 	return b.Build()
 }

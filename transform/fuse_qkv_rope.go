@@ -10,18 +10,20 @@ import (
 )
 
 // FuseQKVRoPE replaces the split of a fused q/k/v projection, the layout of its three parts
-// as heads and the rope of q and k with one qkv_rope op.
+// as heads and the rope of q and k (with per-head norms of q and k between, where the model
+// has them) with one qkv_rope or qkv_norm_rope op.
 var FuseQKVRoPE = &Transform{
 	Name:  "fuse_qkv_rope",
 	Stage: PostLoadFusion,
 	Doc: `Replaces what follows a fused q/k/v linear (fuse_gemms) with one qkv_rope op: the
 split of x[B,S,(H+2*KV)*D] along its last axis into sizes H*D, KV*D and KV*D, the reshape
 of each part to [B,S,heads,D], the transpose of each to [B,heads,S,D] (perm [0,2,1,3]) and
-the rope of the q and k parts. qkv_rope's v output replaces the v transpose. Every value in
-between must have no other reader and be no graph output, and nothing may sit between the
-steps (Qwen3's per-head q/k norms between the reshapes and the transposes keep the unfused
-form). Run after fuse_gemms, which makes the split, and after sharding, so that the head
-counts are the rank's own. Matches counts the qkv_rope nodes made, one per layer.`,
+the rope of the q and k parts. qkv_rope's v output replaces the v transpose. Where an
+rmsnorm over each head of q and of k (Qwen3's q_norm and k_norm, one eps) sits between the
+reshapes and the transposes, the op made is qkv_norm_rope, which takes the two norm weights.
+Every value in between must have no other reader and be no graph output, and nothing else
+may sit between the steps. Run after fuse_gemms, which makes the split, and after sharding,
+so that the head counts are the rank's own. Matches counts the nodes made, one per layer.`,
 	After: []Dep{
 		{FuseGEMMs, "fuse_gemms makes the split of the fused q/k/v linear that fuse_qkv_rope replaces"},
 		{ShardingExecutor, "sharding_executor gives each rank's graph its own head counts, which qkv_rope takes"},
@@ -39,9 +41,13 @@ type qkvRoPEPattern struct {
 	x, pos, split      *graph.Value // split: the pattern split's first output
 	rq, rk, tq, tk, qk *graph.Value // qk: rope's first output (the root)
 	vx, vSplit, rv, tv *graph.Value // the v pattern's wildcard, split, reshape and transpose
+	// With norms: the norms of the q and k layouts (the transposes read them) and their
+	// weights; nil without.
+	nq, nk, wq, wk *graph.Value
 }
 
-func newQKVRoPEPattern() *qkvRoPEPattern {
+// newQKVRoPEPattern builds the pattern without norms, or with the per-head q and k norms.
+func newQKVRoPEPattern(norms bool) *qkvRoPEPattern {
 	q := &qkvRoPEPattern{p: pattern.New("qkv_rope"), pv: pattern.New("qkv_rope_v")}
 	// Example types: H=2, KV=1, D=8.
 	q.x = q.p.Any("x", tensor.F32, graph.Shape{symB, symS, graph.D(32)})
@@ -51,8 +57,18 @@ func newQKVRoPEPattern() *qkvRoPEPattern {
 	q.split = parts[0]
 	q.rq = b.Reshape(parts[0], symB, symS, graph.D(2), graph.D(8))
 	q.rk = b.Reshape(parts[1], symB, symS, graph.D(1), graph.D(8))
-	q.tq = b.Transpose(q.rq, 0, 2, 1, 3)
-	q.tk = b.Transpose(q.rk, 0, 2, 1, 3)
+	lq, lk := q.rq, q.rk
+	if norms {
+		q.wq = q.p.Any("q_norm", tensor.F32, graph.Shape{graph.D(8)})
+		q.wk = q.p.Any("k_norm", tensor.F32, graph.Shape{graph.D(8)})
+		q.nq = b.Op("rmsnorm", graph.Attrs{"eps": 1e-6}, q.rq, q.wq)
+		q.nk = b.Op("rmsnorm", graph.Attrs{"eps": 1e-6}, q.rk, q.wk)
+		q.p.IgnoreAttrs(q.nq, "eps") // both the same: checked by check
+		q.p.IgnoreAttrs(q.nk, "eps")
+		lq, lk = q.nq, q.nk
+	}
+	q.tq = b.Transpose(lq, 0, 2, 1, 3)
+	q.tk = b.Transpose(lk, 0, 2, 1, 3)
 	rope := b.Apply("rope", graph.Attrs{"inv_freq": []float64{1, 0.1, 0.01, 0.001}}, q.tq, q.tk, q.pos)
 	q.qk = rope[0]
 	q.p.IgnoreAttrs(q.split) // axis and sizes: checked by check
@@ -80,6 +96,7 @@ type qkvMatch struct {
 	kvHeads int
 	invFreq []float64
 	scaling float64
+	eps     float64 // the norms' (with norms)
 }
 
 // check completes a match of the rope pattern with the v layout of the same split and holds
@@ -134,6 +151,16 @@ func (q *qkvRoPEPattern) check(g *graph.Graph, m *pattern.Match, users map[*grap
 	for _, v := range []*graph.Value{q.rq, q.rk, q.tq, q.tk} {
 		within[m.Node(v)] = true
 	}
+	eps := 0.0
+	if q.nq != nil {
+		nq, nk := m.Node(q.nq), m.Node(q.nk)
+		eps = nq.Attrs.Float("eps")
+		if nk.Attrs.Float("eps") != eps || !shapeIs(m.Get(q.wq).Type.Shape, graph.D(D)) || !shapeIs(m.Get(q.wk).Type.Shape, graph.D(D)) {
+			return nil
+		}
+		inner = append(inner, m.Get(q.nq), m.Get(q.nk))
+		within[nq], within[nk] = true, true
+	}
 	within[mv.Node(q.rv)] = true
 	for _, v := range inner {
 		if g.IsOutput(v) {
@@ -146,14 +173,27 @@ func (q *qkvRoPEPattern) check(g *graph.Graph, m *pattern.Match, users map[*grap
 		}
 	}
 	return &qkvMatch{m: m, mv: mv, heads: H, kvHeads: KV, invFreq: rope.Attrs.Floats("inv_freq"),
-		scaling: rope.Attrs.Float("scaling")}
+		scaling: rope.Attrs.Float("scaling"), eps: eps}
 }
 
 func runFuseQKVRoPE(_ context.Context, _ *Context, g *graph.Graph, _ any) (Info, error) {
-	q := newQKVRoPEPattern()
+	made := 0
+	for _, norms := range []bool{false, true} {
+		n, err := fuseQKVRoPE(g, newQKVRoPEPattern(norms))
+		if err != nil {
+			return Info{}, err
+		}
+		made += n
+	}
+	return Info{Matches: made, Clean: true, ValidShapes: true}, nil
+}
+
+// fuseQKVRoPE replaces every place of q's pattern with a qkv_rope (qkv_norm_rope with
+// norms) and returns how many it made.
+func fuseQKVRoPE(g *graph.Graph, q *qkvRoPEPattern) (int, error) {
 	ms, err := q.p.FindAllShared(g) // the split's v output is read outside the rope pattern
 	if err != nil {
-		return Info{}, err
+		return 0, err
 	}
 	users := g.Users()
 	var found []*qkvMatch
@@ -166,15 +206,19 @@ func runFuseQKVRoPE(_ context.Context, _ *Context, g *graph.Graph, _ any) (Info,
 	for _, c := range found {
 		err := pattern.ReplaceJointly([]*pattern.Match{c.m, c.mv}, func(b *graph.Builder) ([]*graph.Value, error) {
 			attrs := graph.Attrs{"heads": c.heads, "kv_heads": c.kvHeads, "inv_freq": c.invFreq, "scaling": c.scaling}
-			return b.Apply("qkv_rope", attrs, c.m.Get(q.x), c.m.Get(q.pos)), nil
+			if q.nq == nil {
+				return b.Apply("qkv_rope", attrs, c.m.Get(q.x), c.m.Get(q.pos)), nil
+			}
+			attrs["eps"] = c.eps
+			return b.Apply("qkv_norm_rope", attrs, c.m.Get(q.x), c.m.Get(q.wq), c.m.Get(q.wk), c.m.Get(q.pos)), nil
 		})
 		if errors.Is(err, pattern.ErrNoPlace) {
 			continue
 		}
 		if err != nil {
-			return Info{}, err
+			return 0, err
 		}
 		made++
 	}
-	return Info{Matches: made, Clean: true, ValidShapes: true}, nil
+	return made, nil
 }

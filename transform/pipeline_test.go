@@ -54,8 +54,7 @@ func (f fixture) wantMatches() map[string]int {
 	}
 	if f.qkNorm {
 		want["match_rmsnorm_pattern"] += 2 * l
-		want["fuse_qkv_rope"] = 0 // the q/k norms sit between the layout and the rope
-		want["fuse_linear_qkv_rope"] = 0
+		want["fuse_linear_qkv_rope"] = 0 // qkv_norm_rope, which no linear takes in its epilogue
 	}
 	if f.qkvBias {
 		want["fuse_linear_qkv_rope"] = 0
@@ -73,10 +72,9 @@ func (f fixture) wantMatches() map[string]int {
 func (f fixture) wantOps() map[string]int {
 	l := f.layers
 	want := map[string]int{"sdpa": l, "add_rmsnorm": 2 * l, "rmsnorm": 1,
-		"linear_qkv_rope": l, "qkv_rope": 0, "rope": 0, "linear_swiglu": l, "swiglu_packed": 0, "swiglu": 0, "split": 0}
+		"linear_qkv_rope": l, "qkv_rope": 0, "qkv_norm_rope": 0, "rope": 0, "linear_swiglu": l, "swiglu_packed": 0, "swiglu": 0, "split": 0}
 	if f.qkNorm {
-		want["rmsnorm"] += 2 * l
-		want["linear_qkv_rope"], want["rope"], want["split"] = 0, l, l // q/k/v stay split for the norms
+		want["linear_qkv_rope"], want["qkv_norm_rope"] = 0, l // the q/k norms go into qkv_norm_rope
 	}
 	if f.qkvBias {
 		want["linear_qkv_rope"], want["qkv_rope"] = 0, l
@@ -279,7 +277,7 @@ func TestPipelineShardedFusions(t *testing.T) {
 					ops[n.Op]++
 				}
 				want := f.wantOps()
-				for _, op := range []string{"linear_qkv_rope", "qkv_rope", "rope", "linear_swiglu", "swiglu_packed", "swiglu", "split"} {
+				for _, op := range []string{"linear_qkv_rope", "qkv_rope", "qkv_norm_rope", "rope", "linear_swiglu", "swiglu_packed", "swiglu", "split"} {
 					if ops[op] != want[op] {
 						t.Errorf("rank %d: %d %s nodes, want %d", r, ops[op], op, want[op])
 					}
