@@ -117,22 +117,24 @@ func cpCachedCases() (cases []struct{ name, mesh, strategy string }) {
 func TestCPCachedEngineHuggingFaceParity(t *testing.T) {
 	bases := map[string]*Engine{}
 	for _, c := range cpCachedCases() {
+		dir := filepath.Join("..", "testdata", c.name)
+		ref := loadReference(t, dir)
+		longest := 0
+		for _, p := range ref.Prompts {
+			longest = max(longest, len(p.IDs)+len(p.GreedyNewIDs))
+		}
+		// Every prompt with its continuation at once, each rank holding about 1/cp.
+		blocks := len(ref.Prompts)*(longest/16+2) + 4
+		// The engine without cp serves every case of the fixture, so it lives as long as the
+		// whole test (its model, whose weights map the checkpoint, closes at the end).
+		base := bases[c.name]
+		if base == nil {
+			base = loadCachedCP(t, c.name, "", "ring", blocks)
+			bases[c.name] = base
+		}
 		t.Run(fmt.Sprintf("%s/%s/%s", c.name, c.mesh, c.strategy), func(t *testing.T) {
-			dir := filepath.Join("..", "testdata", c.name)
-			ref := loadReference(t, dir)
-			longest := 0
-			for _, p := range ref.Prompts {
-				longest = max(longest, len(p.IDs)+len(p.GreedyNewIDs))
-			}
-			// Every prompt with its continuation at once, each rank holding about 1/cp.
-			blocks := len(ref.Prompts)*(longest/16+2) + 4
 			e := loadCachedCP(t, c.name, c.mesh, c.strategy, blocks)
 			checkCPCachedGraph(t, e, c.mesh, c.strategy)
-			base := bases[c.name]
-			if base == nil {
-				base = loadCachedCP(t, c.name, "", "ring", blocks)
-				bases[c.name] = base
-			}
 			for _, p := range ref.Prompts {
 				if err := parity.CheckLogits(cpPromptLogits(t, e, p.IDs, len(p.IDs)), p, logitTol); err != nil {
 					t.Errorf("one-step prefill: %v", err)

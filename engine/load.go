@@ -237,7 +237,7 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 		}
 	}
 	m.dep, err = b.Deploy(ctx, backend.Spec{
-		Graphs: graphs, Weights: mm.Checkpoint, Mesh: opts.Mesh, Process: opts.Process, ProcessOptions: opts.ProcessOptions,
+		Graphs: graphs, Weights: deployWeights(b.Name(), mm.Checkpoint), Mesh: opts.Mesh, Process: opts.Process, ProcessOptions: opts.ProcessOptions,
 		ActivationDType: opts.ActivationDType, Resident: isCacheInput, Capture: paged && !opts.EagerCUDA, Profile: opts.ProfileCUDA,
 	})
 	if err != nil {
@@ -256,7 +256,7 @@ func Load(ctx context.Context, dir string, opts LoadOptions) (*Model, error) {
 	}
 	slog.Info("model loaded", "dir", dir, "architecture", mm.Config.Architectures[0], "device", b.Name()+": "+m.dep.Device,
 		"ranks", n, "this_process", rankList(m.dep.Ranks), "nodes", len(m.Graph.Nodes), "weight_bytes_rank0", m.dep.WeightBytes,
-		"bytes_read", mm.Checkpoint.BytesRead(), "time", time.Since(start).Round(time.Millisecond))
+		"bytes_read", mm.Checkpoint.BytesRead(), "bytes_mapped", mm.Checkpoint.BytesMapped(), "time", time.Since(start).Round(time.Millisecond))
 	if opts.Process != nil {
 		if m.proc, err = connectRanks(ctx, m, *opts.Process); err != nil {
 			return fail(err)
@@ -329,6 +329,18 @@ func Optimize(ctx context.Context, flags *transform.Flags, m *model.Model, g *gr
 		return nil, results, fmt.Errorf("optimize %s: %w", m.Dir, err)
 	}
 	return graphs[0], results, nil
+}
+
+// deployWeights is what the backend named reads the checkpoint through: on the CPU, which
+// computes on host tensors that live as long as the model (and so the checkpoint, which
+// Model.Close closes after the deployment), the weights it keeps as stored are views of the
+// checkpoint's mapping and only the ones it builds (fused, converted) are copied
+// (Checkpoint.Mapped); other backends copy each weight to their device and read copies.
+func deployWeights(backendName string, c *model.Checkpoint) backend.Weights {
+	if backendName == "cpu" {
+		return c.Mapped()
+	}
+	return c
 }
 
 // isCacheInput reports whether an input is one of the KV caches (kv_cache.<layer>.k/.v)

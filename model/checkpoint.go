@@ -44,7 +44,8 @@ type Checkpoint struct {
 	where map[string]*safetensors.File
 	names []string // sorted
 
-	bytesRead atomic.Int64
+	bytesRead   atomic.Int64
+	bytesMapped atomic.Int64 // see Mapped
 	// quant, when set, quantizes weights as they are read (QuantizeWhileLoading).
 	quant *loadQuant
 }
@@ -195,7 +196,8 @@ func (c *Checkpoint) Info(name string) (TensorInfo, bool) {
 // BytesRead is the number of tensor bytes Load has copied out of the files so far.
 func (c *Checkpoint) BytesRead() int64 { return c.bytesRead.Load() }
 
-// Close releases every file. Tensors already loaded stay valid: Load copies.
+// Close releases every file. Tensors already loaded stay valid: Load copies (but not the
+// views that Mapped weights return).
 func (c *Checkpoint) Close() error {
 	var errs []error
 	for _, f := range c.files {

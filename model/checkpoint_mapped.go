@@ -1,0 +1,59 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Mapped returns the checkpoint as weights for a backend that computes on host tensors and
+// keeps them as long as the checkpoint is open (the CPU backend): Load returns, wherever it
+// can, a tensor that shares the file's read-only memory mapping (safetensors.File.View)
+// instead of a copy, so loading does no work for it and the process holds its bytes once, as
+// page cache. Where it cannot (a quantized or stacked param, a slice that is not one
+// contiguous run of the file, a misaligned or non-native dtype) Load copies, as
+// Checkpoint.Load does. LoadInto always reads with pread, never through the mapping, so the
+// parts of a concatenation (a fused weight) are not counted twice in resident memory.
+//
+// The tensors Load returns are read-only (a write faults) and valid until the checkpoint is
+// closed: close the checkpoint only after whatever was compiled from them.
+func (c *Checkpoint) Mapped() graph.WeightsInto { return mappedCheckpoint{c} }
+
+// BytesMapped is the number of tensor bytes that Mapped weights' Load has returned as views
+// of the files' mappings (not counted in BytesRead).
+func (c *Checkpoint) BytesMapped() int64 { return c.bytesMapped.Load() }
+
+type mappedCheckpoint struct{ c *Checkpoint }
+
+func (m mappedCheckpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error) {
+	c := m.c
+	if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 {
+		return c.Load(ctx, ref)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("load %q: %w", ref.Key, err)
+	}
+	f, dim, index, count, err := c.resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	t, ok, err := f.View(ref.Key, dim, index, count)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return c.Load(ctx, ref)
+	}
+	if want := ref.LocalShape(); !slices.Equal(t.Shape, want) {
+		return nil, fmt.Errorf("%s: tensor %q: mapped shape %v, but the graph expects %v", f.Path(), ref.Key, t.Shape, want)
+	}
+	c.bytesMapped.Add(int64(t.Numel() * t.DType.Size()))
+	return t, nil
+}
+
+func (m mappedCheckpoint) LoadInto(ctx context.Context, ref graph.ParamRef, dst *tensor.Tensor) error {
+	return m.c.LoadInto(ctx, ref, dst)
+}

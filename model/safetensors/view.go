@@ -1,0 +1,123 @@
+package safetensors
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// ErrShrunk wraps the error of a View whose pages lie past the end of the file as it is now:
+// the file was truncated (or rewritten in place) after Open.
+var ErrShrunk = errors.New("the file is shorter than when it was opened (truncated or rewritten in place?)")
+
+// View returns one slice of a tensor (see ReadSliceBytes for dim, index and count) as a tensor
+// that shares the file's read-only mapping instead of copying it, and true; or nil and false
+// where it cannot: the file is not memory-mapped (Parse, or a system without mmap), the slice
+// is not one contiguous run of the stored bytes, the dtype's in-memory form is not its stored
+// bytes (bool, or a big-endian host), or the data is not aligned to its element size. The
+// caller then reads a copy (Slice).
+//
+// The view is valid until Close and must not be written: the mapping is read-only, and a
+// write faults. Page-cache pages that a view touches count once in the process's resident
+// memory, so a tensor read both ways would count twice: read each tensor one way only.
+//
+// Before returning, View maps the slice's pages into the process (MADV_POPULATE_READ, where
+// the kernel has it: Linux 5.14 and later), in parallel parts when it is large: a file cut
+// short since Open then fails here, with an error that names the file and the tensor and wraps
+// ErrShrunk, instead of a fault at the first read. A file truncated after that still faults
+// (SIGBUS) when reclaimed pages are read back: a mapped checkpoint must not be rewritten in
+// place while a model uses it (replacing it, by rename, is safe).
+func (f *File) View(name string, dim, index, count int) (*tensor.Tensor, bool, error) {
+	ti, err := f.lookup(name)
+	if err != nil {
+		return nil, false, err
+	}
+	dt, ok := ti.DType.Tensor()
+	if !ok {
+		return nil, false, fmt.Errorf("%s: tensor %q: unsupported dtype %s (supported: BF16, F16, F32, I32, I64, BOOL, F8_E4M3, F8_E5M2)", f.path, name, ti.DType)
+	}
+	local, err := SliceShape(ti.Shape, dim, index, count)
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: tensor %q: %w", f.path, name, err)
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.closed {
+		return nil, false, fmt.Errorf("%s: tensor %q: %w", f.path, name, ErrClosed)
+	}
+	if f.fd == nil || !littleEndian || dt == tensor.Bool {
+		return nil, false, nil
+	}
+	src := f.data[ti.Begin:ti.End:ti.End]
+	if dim >= 0 && count > 1 {
+		if tensor.Numel(ti.Shape[:dim]) > 1 {
+			return nil, false, nil // one run per index of the dimensions before dim
+		}
+		part := len(src) / count
+		src = src[index*part : (index+1)*part : (index+1)*part]
+	}
+	if len(src) == 0 || uintptr(unsafe.Pointer(&src[0]))%uintptr(dt.Size()) != 0 {
+		return nil, false, nil
+	}
+	if err := populate(src); err != nil {
+		if errors.Is(err, ErrShrunk) {
+			return nil, false, fmt.Errorf("%s: tensor %q: %w", f.path, name, err)
+		}
+		return nil, false, fmt.Errorf("%s: tensor %q: map pages: %w", f.path, name, err)
+	}
+	t := &tensor.Tensor{DType: dt, Shape: local}
+	n := tensor.Numel(local)
+	p := unsafe.Pointer(&src[0])
+	switch dt {
+	case tensor.F32:
+		t.F32 = unsafe.Slice((*float32)(p), n)
+	case tensor.BF16, tensor.F16:
+		t.Half = unsafe.Slice((*uint16)(p), n)
+	case tensor.I32:
+		t.I32 = unsafe.Slice((*int32)(p), n)
+	case tensor.I64:
+		t.I64 = unsafe.Slice((*int64)(p), n)
+	case tensor.F8E4M3, tensor.F8E5M2:
+		t.U8 = src
+	default:
+		return nil, false, nil
+	}
+	return t, true, nil
+}
+
+// populateChunk is the size of the parts a large populate is split into, done in parallel.
+const populateChunk = 8 << 20
+
+// populate maps b's pages (a slice of a file mapping) into the process, in parts of
+// populateChunk in parallel (up to one per CPU).
+func populate(b []byte) error {
+	parts := (len(b) + populateChunk - 1) / populateChunk
+	if parts <= 1 {
+		return populateRange(b)
+	}
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		errs = make([]error, parts)
+	)
+	for range min(parts, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= parts {
+					return
+				}
+				errs[i] = populateRange(b[i*populateChunk : min((i+1)*populateChunk, len(b))])
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
