@@ -8,7 +8,7 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// Kernels of the fused ops over packed projections, qkv_rope and swiglu_packed (see
+// Kernels of the fused ops over packed projections, qkv_rope, qkv_norm_rope and swiglu_packed (see
 // graph/catalog_fused.go): they read the output of a fused q/k/v or gate/up GEMM in place
 // instead of its split copies. Kernels are in kernels/packed.cu.
 
@@ -18,6 +18,14 @@ func init() {
 		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
 			return qkvRope(d, out[0], out[1], out[2], in[0], in[1], state.(*Tensor),
 				n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), float32(n.Attrs.Float("scaling")))
+		},
+	}
+	opKernels["qkv_norm_rope"] = &opKernel{
+		prepare:  uploadInvFreq,
+		supports: qkvNormRopeSupports,
+		run: func(d *Device, n *graph.Node, in, out []*Tensor, state any) error {
+			return qkvNormRope(d, out[0], out[1], out[2], in[0], in[1], in[2], in[3], state.(*Tensor),
+				n.Attrs.Int("heads"), n.Attrs.Int("kv_heads"), float32(n.Attrs.Float("scaling")), float32(n.Attrs.Float("eps")))
 		},
 	}
 	opKernels["swiglu_packed"] = &opKernel{run: func(d *Device, n *graph.Node, in, out []*Tensor, _ any) error {
@@ -64,6 +72,76 @@ func qkvRope(d *Device, qOut, kOut, vOut, x, pos, invFreq *Tensor, H, KV int, sc
 	return d.launch("packed.cu", "qkv_rope_"+xn+"_"+pn, grid, block256, 8*half, func(a *cubind.Args) {
 		a.Ptr(qOut.ptr).Ptr(kOut.ptr).Ptr(vOut.ptr).Ptr(x.ptr).Ptr(pos.ptr).Ptr(invFreq.ptr).
 			I32(int32(H)).I32(int32(KV)).I32(int32(S)).I32(int32(half)).F32(scaling).I32(ropeScaled(scaling)).I32(qkvRopeSpan)
+	})
+}
+
+// qkvNormRopeSupports tells whether qkv_norm_rope's kernel takes node n: f32 or bf16 x, and
+// norm weights of f32 or bf16 whose promotion with x's dtype is x's dtype (bf16 x with f32
+// weights would make f32 q and k beside a bf16 v). Other nodes run as the decomposition.
+func qkvNormRopeSupports(n *graph.Node) error {
+	x := n.Inputs[0].Type.DType
+	for _, w := range []*graph.Value{n.Inputs[1], n.Inputs[2]} {
+		if err := qkvNormDTypes(x, w.Type.DType); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func qkvNormDTypes(x, w tensor.DType) error {
+	if _, err := floatName("x", x); err != nil {
+		return err
+	}
+	if _, err := floatName("the norm weight", w); err != nil {
+		return err
+	}
+	if p, err := graph.Promote(w, x); err != nil || p != x {
+		return fmt.Errorf("norm weights of %s with x of %s give another dtype than x's", w, x)
+	}
+	return nil
+}
+
+// QKVNormRoPE runs graph op qkv_norm_rope: QKVRoPE with each head of q normalised by
+// qNorm[D] and each of k by kNorm[D] (eps) before the rotation, as RMSNorm normalises a row.
+// x and the outputs are f32 or bf16; the weights f32 or bf16 whose promotion with x's dtype
+// is x's dtype. One kernel launch; nothing is allocated.
+func QKVNormRoPE(d *Device, qOut, kOut, vOut, x, qNorm, kNorm, pos, invFreq *Tensor, heads, kvHeads int, scaling, eps float32) error {
+	return d.do(func() error {
+		return qkvNormRope(d, qOut, kOut, vOut, x, qNorm, kNorm, pos, invFreq, heads, kvHeads, scaling, eps)
+	})
+}
+
+func qkvNormRope(d *Device, qOut, kOut, vOut, x, qNorm, kNorm, pos, invFreq *Tensor, H, KV int, scaling, eps float32) error {
+	if err := checkLive(qOut, kOut, vOut, x, qNorm, kNorm, pos, invFreq); err != nil {
+		return fmt.Errorf("cuda: qkv_norm_rope: %w", err)
+	}
+	sh, err := checkQKVRope(x.Shape, x.DType, pos, invFreq, [3]*Tensor{qOut, kOut, vOut}, H, KV)
+	if err != nil {
+		return fmt.Errorf("cuda: qkv_norm_rope: %w", err)
+	}
+	D := 2 * sh.half
+	for i, w := range []*Tensor{qNorm, kNorm} {
+		name := []string{"q_norm", "k_norm"}[i]
+		if err := qkvNormDTypes(x.DType, w.DType); err != nil {
+			return fmt.Errorf("cuda: qkv_norm_rope: %s: %w", name, err)
+		}
+		if w.DType != qNorm.DType || len(w.Shape) != 1 || w.Shape[0] != D {
+			return fmt.Errorf("cuda: qkv_norm_rope: %s is %s%v, want [%d] of one dtype with q_norm", name, w.DType, w.Shape, D)
+		}
+	}
+	rows := sh.B * sh.S
+	if rows == 0 {
+		return nil
+	}
+	blocks := (H + 2*KV + 7) / 8 // a warp per head, 8 warps a block
+	if rows > 1<<31-1 || blocks > 65535 || (H+2*KV)*D > 1<<31-1 {
+		return fmt.Errorf("cuda: qkv_norm_rope: %d rows of %d heads exceed the grid", rows, H+2*KV)
+	}
+	name := "qkv_norm_rope_" + dtypeName(x.DType) + "_" + dtypeName(qNorm.DType) + "_" + sh.pn
+	grid := cubind.Dim3{X: rows, Y: blocks, Z: 1}
+	return d.launch("packed.cu", name, grid, block256, 8*sh.half, func(a *cubind.Args) {
+		a.Ptr(qOut.ptr).Ptr(kOut.ptr).Ptr(vOut.ptr).Ptr(x.ptr).Ptr(qNorm.ptr).Ptr(kNorm.ptr).Ptr(pos.ptr).Ptr(invFreq.ptr).
+			I32(int32(H)).I32(int32(KV)).I32(int32(sh.S)).I32(int32(sh.half)).F32(scaling).I32(ropeScaled(scaling)).F32(eps)
 	})
 }
 

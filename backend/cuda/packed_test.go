@@ -55,6 +55,59 @@ func TestQKVRoPE(t *testing.T) {
 	}
 }
 
+// qkv_norm_rope against the CPU's decomposition (split, rmsnorm per head, layout, rope):
+// Qwen3's decode and prefill shapes, f32 and bf16 x, bf16 and f32 norm weights (bf16 x
+// takes bf16 weights only), scaled, with heads spread over several blocks.
+func TestQKVNormRoPE(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(25, 26))
+	for _, tc := range []struct {
+		B, S, H, KV, D int
+		scaling        float64
+		pos            tensor.DType
+	}{
+		{1, 1, 1, 1, 2, 1, tensor.I32},       // one head each, D=2
+		{1, 1, 32, 4, 128, 1, tensor.I32},    // a Qwen3-30B-A3B decode token
+		{4, 1, 16, 8, 128, 1, tensor.I64},    // a decode batch, Qwen3-8B's heads at tp=2
+		{1, 37, 6, 2, 80, 0.7, tensor.I32},   // odd S, D/2 not a multiple of 32, scaled
+		{2, 9, 40, 8, 256, 1.25, tensor.I64}, // D/2 above a warp
+	} {
+		for _, dts := range [][2]tensor.DType{{tensor.F32, tensor.F32}, {tensor.F32, tensor.BF16}, {tensor.BF16, tensor.BF16}} {
+			dt, wt := dts[0], dts[1]
+			W := (tc.H + 2*tc.KV) * tc.D
+			x := randTensor(rng, dt, []int{tc.B, tc.S, W}, -3, 3)
+			qn, kn := randTensor(rng, wt, []int{tc.D}, 0.2, 2), randTensor(rng, wt, []int{tc.D}, 0.2, 2)
+			pos := randInts(rng, tc.pos, []int{tc.B, tc.S}, 5000)
+			inv := invFreqs(tc.D, 1000000)
+			attrs := graph.Attrs{"heads": tc.H, "kv_heads": tc.KV, "inv_freq": inv, "scaling": tc.scaling, "eps": 1e-6}
+			want := cpuOp(t, "qkv_norm_rope", attrs, x, qn, kn, pos)
+			f := make([]float32, len(inv))
+			for i, v := range inv {
+				f[i] = float32(v)
+			}
+			in := up(t, d, x, qn, kn, pos, tensor.FromF32(f, len(f)))
+			out := like(t, d, want...)
+			if err := QKVNormRoPE(d, out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], tc.H, tc.KV, float32(tc.scaling), 1e-6); err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("%s/%s B%d S%d H%d KV%d D%d scaling %g pos %s", dt, wt, tc.B, tc.S, tc.H, tc.KV, tc.D, tc.scaling, tc.pos)
+			tl := tolFor(dt)
+			if dt == tensor.BF16 {
+				tl.atol = 1.0 / 64 // one ulp of the normed terms (up to 2), not of their sum
+			}
+			compare(t, "qkv_norm_rope", name+" q", down(t, d, out[0]), want[0], tl)
+			compare(t, "qkv_norm_rope", name+" k", down(t, d, out[1]), want[1], tl)
+			compare(t, "qkv_norm_rope", name+" v", down(t, d, out[2]), want[2], exact)
+		}
+	}
+	// bf16 x with f32 weights would give f32 q and k: refused, the node runs decomposed.
+	n := &graph.Node{Op: "qkv_norm_rope", Inputs: []*graph.Value{
+		{Type: graph.Type{DType: tensor.BF16}}, {Type: graph.Type{DType: tensor.F32}}, {Type: graph.Type{DType: tensor.F32}}, {Type: graph.Type{DType: tensor.I32}}}}
+	if err := qkvNormRopeSupports(n); err == nil {
+		t.Error("bf16 x with f32 norm weights: supported, want refused")
+	}
+}
+
 func TestSwiGLUPacked(t *testing.T) {
 	d := gpu(t)
 	rng := rand.New(rand.NewPCG(23, 24))
