@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/loom-ml/loom/graph"
 	"github.com/loom-ml/loom/model"
@@ -294,5 +296,60 @@ func TestMoEFusedOnGPU(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMoETimings times graph op moe on Qwen3-30B-A3B's layer shape (H 2048, 128 experts of
+// I 768, top 8, bf16) for decode batches and small prefills, each path, when
+// LOOM_CUDA_TIMINGS=1: graph-replayed calls rotating through 16 inputs (so that each call
+// routes to other experts), the time of steps 1 (router), 1-2 (+ routing), 1-3 (+ experts)
+// and the whole op, and the experts' bytes read over the time (expected distinct experts
+// E·(1-(1-k/E)^T), 9.4 MB each).
+func TestMoETimings(t *testing.T) {
+	d := gpu(t)
+	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
+		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
+	}
+	defer func(p string, s int) { moePath, moeSteps = p, s }(moePath, moeSteps)
+	const H, I, E, k, nx = 2048, 768, 128, 8, 16
+	rng := rand.New(rand.NewPCG(5, 5))
+	s := 1 / math.Sqrt(H)
+	w := up(t, d, randTensor(rng, tensor.BF16, []int{E, H}, -1, 1),
+		randTensor(rng, tensor.BF16, []int{E, I, H}, -2*s, 2*s), randTensor(rng, tensor.BF16, []int{E, I, H}, -2*s, 2*s),
+		randTensor(rng, tensor.BF16, []int{E, H, I}, -2*s, 2*s))
+	counter := zeroed(t, d, tensor.I32, 1)
+	a := MoEAttrs{TopK: k, Normalize: true, WeightDType: tensor.BF16}
+	for _, T := range []int{1, 2, 8, 32, 64, 128, 256} {
+		xs := make([]*Tensor, nx)
+		for i := range xs {
+			xs[i] = up(t, d, randTensor(rng, tensor.BF16, []int{T, H}, -1, 1))[0]
+		}
+		out := zeroed(t, d, tensor.BF16, T, H)
+		ws := zeroed(t, d, tensor.I32, int(moeLayoutFor(T, H, E, E, I, k, 2).total)/4+1)
+		experts := E * (1 - math.Pow(1-float64(k)/E, float64(T)))
+		for _, path := range []string{"gemv", "mma"} {
+			moePath = path
+			line := fmt.Sprintf("T=%d %s:", T, path)
+			var full float64
+			for steps := 1; steps <= 4; steps++ {
+				moeSteps = steps
+				call := func(i int) error { return moe(d, out, xs[i%nx], w[0], w[1], w[2], w[3], ws, counter, a) }
+				var el time.Duration
+				err := d.do(func() error {
+					if err := call(0); err != nil {
+						return err
+					}
+					var err error
+					el, err = capturedCallTime(d, 4*nx, 5, call)
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				full = el.Seconds() * 1e6
+				line += fmt.Sprintf(" steps1-%d %.1f µs;", steps, full)
+			}
+			t.Logf("%s experts %.0f (%.0f MB): %.0f GB/s", line, experts, experts*3*I*H*2/1e6, experts*3*I*H*2/full/1e3)
+		}
 	}
 }
