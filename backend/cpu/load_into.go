@@ -57,9 +57,12 @@ func directConcats(g *graph.Graph, w backend.Weights, slot map[*graph.Value]int,
 }
 
 // loadConcat reads the params that concat node n joins along axis 0 into one tensor of outs[0],
-// each into its run of rows, and stores it as n's fixed value.
+// each into its run of rows, and stores it as n's fixed value. The tensor's memory is advised
+// to be backed by huge pages (load_hugepage*.go): faulting in fresh memory 4 KiB at a time
+// costs more than copying into it.
 func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w graph.WeightsInto, slot map[*graph.Value]int, uses []int) error {
 	out := tensor.New(outs[0].DType, outs[0].Shape...)
+	adviseHugePages(out)
 	off := 0
 	for _, in := range n.Inputs {
 		ref, err := graph.ParamOf(in.Producer)

@@ -259,7 +259,7 @@ func (f *File) ReadSliceBytes(name string, dim, index, count int, dst []byte) (i
 }
 
 // preadChunk is the size of the parts a large read is split into, read in parallel.
-const preadChunk = 8 << 20
+const preadChunk = 1 << 20
 
 // pread fills dst from the file at off, in parts of preadChunk read in parallel (up to one
 // per CPU) when dst is large.
