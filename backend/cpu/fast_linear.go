@@ -84,15 +84,23 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 // gemmGroupBF16): those of the kernel set in use (kernels.go), the portable ones below or the
 // assembly of kernels_amd64.s.
 // gemvBF16, if not nil, replaces the groups for one row of x and bf16 weights (decode).
+// bf16Rows, if not nil, replaces both for bf16 weights (it converts x first: see bf16Path).
 var (
 	groupBF16 = gemmGroupBF16
 	groupF32  = gemmGroupF32
 	gemvBF16  func(res, x []float32, w []uint16, N, K, lo, hi int)
+	bf16Rows  *bf16Path
 )
 
 // gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j < N over the worker
 // pool, in groups of four weight rows: x is f32 [M,K], w a float tensor [N,K].
 func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K int) {
+	if p := bf16Rows; p != nil && w.DType == tensor.BF16 {
+		xb := p.round(xs, M, K) // once for every chunk
+		parallel(N, grainFor(N, M*K, 4), func(lo, hi int) { p.rows(res, *xb, w.Half, M, N, K, lo, hi) })
+		putU16(xb)
+		return
+	}
 	parallel(N, grainFor(N, M*K, 4), func(lo, hi int) { gemmRange(res, xs, w, M, N, K, lo, hi) })
 }
 
@@ -100,6 +108,12 @@ func gemmRows(res, xs []float32, w *tensor.Tensor, M, N, K int) {
 // calling goroutine, as one chunk of gemmRows computes them (lo a multiple of 4): x is f32
 // [M,K], w a float tensor [N,K].
 func gemmRange(res, xs []float32, w *tensor.Tensor, M, N, K, lo, hi int) {
+	if p := bf16Rows; p != nil && w.DType == tensor.BF16 {
+		xb := p.round(xs, M, K)
+		p.rows(res, *xb, w.Half, M, N, K, lo, hi)
+		putU16(xb)
+		return
+	}
 	if M == 1 && w.DType == tensor.BF16 && gemvBF16 != nil {
 		gemvBF16(res, xs, w.Half, N, K, lo, hi)
 		return

@@ -15,7 +15,8 @@
 // and moe (only the experts each token chose, grouped by expert). They split
 // their work over a shared pool of GOMAXPROCS workers and keep bf16 weights as bf16, widening
 // them inside the kernel. Linear's dot products run on the kernel set chosen at start-up by
-// CPU feature detection (kernels.go): Go assembly for AVX2/FMA on amd64 in every build
+// CPU feature detection (kernels.go): Go assembly on amd64 in every build, AVX512-BF16
+// where the CPU has it (kernels_avx512_amd64.s: x rounded to bf16), else AVX2/FMA
 // (kernels_amd64.s), portable Go elsewhere; LOOM_CPU_KERNELS forces a set.
 package cpu
 

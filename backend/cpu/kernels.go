@@ -15,6 +15,12 @@ import (
 //	avx2      Go assembly (kernels_amd64.s) for CPUs with AVX2 and FMA: eight lanes per
 //	          output, fused multiply-adds; in every amd64 build, GOEXPERIMENT=simd or not
 //	          (not with the purego tag)
+//	avx512bf16  Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F, AVX-512BW and
+//	          AVX512_BF16: bf16 weights meet x rounded to bf16 in VDPBF16PS, 16 lanes per
+//	          output (kernels_avx512_amd64.go); changes numerics (x's rounding), so it runs
+//	          by default only where the CPU has AVX512_BF16; f32 and f16 weights as avx2
+//	avx512    Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F: avx2's arithmetic
+//	          with 16 lanes (other rounding); listed after avx2, so it runs only when forced
 //
 // The best set the CPU supports runs unless LOOM_CPU_KERNELS names another; a name this
 // build lacks or this CPU cannot run is reported and the default runs instead. The first
@@ -26,9 +32,42 @@ type kernelSet struct {
 	// gemvBF16, if set, computes res[j] = x·w[j,:] for lo <= j < hi: one row of x (decode)
 	// and bf16 weights [N,K], as groupBF16 would, in one call per worker chunk.
 	gemvBF16 func(res, x []float32, w []uint16, N, K, lo, hi int)
+	// bf16, if set, replaces groupBF16 and gemvBF16 in gemmRows and gemmRange: the set
+	// converts x once per call (see bf16Path).
+	bf16 *bf16Path
 	// features names the CPU features the set needs (for the log line).
 	features string
 }
+
+// bf16Path is a kernel set's own path for bf16 weights, for sets that read x converted
+// (the avx512bf16 set: rounded to bf16). gemmRows calls round once per linear and rows on
+// every worker's chunk.
+type bf16Path struct {
+	// round returns x f32 [M,K] converted, in a buffer from getU16 (the caller gives it back
+	// with putU16).
+	round func(xs []float32, M, K int) *[]uint16
+	// rows sets res[m*N+j] = x[m,:]·w[j,:] for every m < M and lo <= j < hi, from xb (round's
+	// result) and bf16 weights w [N,K].
+	rows func(res []float32, xb, w []uint16, M, N, K, lo, hi int)
+	// relErr bounds the error the conversion adds to an output, relative to the sum of the
+	// absolute products behind it (for the tests' tolerances).
+	relErr float64
+}
+
+// u16Pool recycles uint16 scratch buffers (x rounded to bf16).
+var u16Pool sync.Pool
+
+// getU16 returns a scratch slice of n uint16s (contents undefined); give it back with putU16.
+func getU16(n int) *[]uint16 {
+	if p, ok := u16Pool.Get().(*[]uint16); ok && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]uint16, n)
+	return &s
+}
+
+func putU16(p *[]uint16) { u16Pool.Put(p) }
 
 // kernelEnv names the environment variable that forces a kernel set.
 const kernelEnv = "LOOM_CPU_KERNELS"
@@ -81,7 +120,7 @@ func kernelSetNamed(name string) (kernelSet, bool) {
 // sets between runs.
 func useKernelSet(s kernelSet) {
 	activeKernels = s
-	groupBF16, groupF32, gemvBF16 = s.groupBF16, s.groupF32, s.gemvBF16
+	groupBF16, groupF32, gemvBF16, bf16Rows = s.groupBF16, s.groupF32, s.gemvBF16, s.bf16
 }
 
 var logKernelsOnce sync.Once

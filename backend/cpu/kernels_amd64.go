@@ -26,16 +26,13 @@ var avx2Kernels = kernelSet{name: "avx2", groupBF16: avx2GroupBF16, groupF32: av
 
 // platformKernels lists the kernel sets of this build besides the portable one, best first.
 func platformKernels() []kernelSet {
-	var sets []kernelSet
+	sets, after := avx512Sets()
 	if hasAVX2FMA {
 		sets = append(sets, avx2Kernels)
 	} else {
 		kernelNotes = append(kernelNotes, "avx2 needs AVX2 and FMA")
 	}
-	if cpu.X86.HasAVX512F {
-		kernelNotes = append(kernelNotes, "no AVX-512 kernels yet: avx2 runs")
-	}
-	return sets
+	return append(sets, after...)
 }
 
 // The micro-kernels (kernels_amd64.s): n is a multiple of 8; out receives the sums of the

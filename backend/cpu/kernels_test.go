@@ -25,6 +25,7 @@ func withKernelSet(s kernelSet, f func()) {
 // support (each against the reference kernels, within the tolerances of TestFastKernels), so
 // that one test run covers them all, whichever set is the default.
 func TestKernelSets(t *testing.T) {
+	skipMissingSets(t)
 	for _, s := range kernelSets {
 		t.Run(s.name, func(t *testing.T) {
 			withKernelSet(s, func() {
@@ -34,6 +35,16 @@ func TestKernelSets(t *testing.T) {
 				t.Run("MoEAllToAllKernels", TestMoEAllToAllKernels)
 			})
 		})
+	}
+}
+
+// skipMissingSets reports, as a skipped subtest each, the sets of this build that the CPU
+// cannot run, naming the feature it lacks (kernelNotes: "<set> needs <features>").
+func skipMissingSets(t *testing.T) {
+	for _, note := range kernelNotes {
+		if name, need, ok := strings.Cut(note, " needs "); ok {
+			t.Run(name, func(t *testing.T) { t.Skipf("this CPU lacks %s", need) })
+		}
 	}
 }
 
@@ -70,12 +81,19 @@ func TestPortableKernelsExact(t *testing.T) {
 	})
 }
 
-// TestKernelSetsAgree holds every vector set to the arithmetic described in kernels_amd64.go:
-// each output is an eight-lane fused multiply-add accumulator over the first K&^7 elements,
-// lanes added pairwise, then the tail in order; computed here in scalar Go (math.FMA), so
-// every set must give exactly these bits, whatever the blocking, the batch or the split.
+// TestKernelSetsAgree holds every vector set to a scalar model of its arithmetic. avx512:
+// lanes16Linear (kernels_avx512_test.go), bit for bit. avx2 (and avx512bf16's f32 weights),
+// as kernels_amd64.go describes it: each output is an eight-lane
+// fused multiply-add accumulator over the first K&^7 elements, lanes added pairwise, then
+// the tail in order; computed here in scalar Go (math.FMA), so every set must give exactly
+// these bits, whatever the blocking, the batch or the split. avx512bf16's bf16 weights:
+// bf16LinearModel (kernels_bf16_test.go), VDPBF16PS as Intel defines it, bit for bit on
+// Intel CPUs; elsewhere (AMD does not document its rounding steps) within 1e-6 of the sum
+// of absolute products of the model, TestKernelSetsRowwise holding it deterministic.
 func TestKernelSetsAgree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(83, 84))
+	intel := cpuVendor() == "GenuineIntel"
+	skipMissingSets(t)
 	for _, s := range kernelSets {
 		if s.name == "portable" {
 			continue
@@ -86,10 +104,38 @@ func TestKernelSetsAgree(t *testing.T) {
 					for _, sh := range linearShapes {
 						M, N, K := sh[0], sh[1], sh[2]
 						x, w := linearInputs(rng, M, N, K, dw)
-						want := lanesLinear(x, w, M, N, K)
 						got := runLinear(t, fastLinear, x, w)
-						if i := firstF32BitDiff(got, want); i >= 0 {
-							t.Errorf("%s %v: element %d is %v, the eight-lane model's %v", dw, sh, i, got[i], want[i])
+						if s.name == "avx512" {
+							want := lanes16Linear(x, w, M, N, K)
+							if i := firstF32BitDiff(got, want); i >= 0 {
+								t.Errorf("%s %v: element %d is %v, the 16-lane model's %v", dw, sh, i, got[i], want[i])
+							}
+							continue
+						}
+						if s.bf16 == nil || dw != tensor.BF16 {
+							want := lanesLinear(x, w, M, N, K)
+							if i := firstF32BitDiff(got, want); i >= 0 {
+								t.Errorf("%s %v: element %d is %v, the eight-lane model's %v", dw, sh, i, got[i], want[i])
+							}
+							continue
+						}
+						want := bf16LinearModel(x, w, M, N, K)
+						if intel {
+							if i := firstF32BitDiff(got, want); i >= 0 {
+								dpEvenFirst = true
+								alt := bf16LinearModel(x, w, M, N, K)
+								dpEvenFirst = false
+								t.Errorf("%s %v: element %d is %v, the VDPBF16PS model's %v (adding the even product first: %v, first difference %d)",
+									dw, sh, i, got[i], want[i], alt[i], firstF32BitDiff(got, alt))
+							}
+							continue
+						}
+						sums := absProducts(t, "linear", x, w)
+						for i := range got {
+							if d := math.Abs(float64(got[i] - want[i])); !(d <= 1e-6*sums[i]) {
+								t.Errorf("%s %v: element %d is %v, the VDPBF16PS model's %v (not Intel: tolerance %.3g)", dw, sh, i, got[i], want[i], 1e-6*sums[i])
+								break
+							}
 						}
 					}
 				}
@@ -170,18 +216,31 @@ func TestKernelSetForced(t *testing.T) {
 	}
 }
 
-// TestKernelSetsDetected holds the list of sets to the CPU: on amd64 with AVX2 and FMA (as
-// /proc/cpuinfo reports them) the assembly set is there and the default, unless the purego
-// tag is set.
+// TestKernelSetsDetected holds the list of sets to the CPU (as /proc/cpuinfo reports its
+// features), unless the purego tag is set: with AVX-512F, AVX-512BW and AVX512_BF16 the
+// avx512bf16 set is there and the default; with AVX2 and FMA the avx2 set is there, and the
+// default if avx512bf16 is not.
 func TestKernelSetsDetected(t *testing.T) {
 	flags := cpuinfoFlags(t)
 	if runtime.GOARCH != "amd64" || flags == nil {
 		t.Skipf("sets %v", kernelSetNames())
 	}
 	names := kernelSetNames()
+	bf16 := flags["avx512f"] && flags["avx512bw"] && flags["avx512_bf16"] && !purego
+	switch {
+	case bf16:
+		if names[0] != "avx512bf16" {
+			t.Errorf("sets %v on a CPU with AVX-512F, AVX-512BW and AVX512_BF16: want avx512bf16 first", names)
+		}
+	case slices.Contains(names, "avx512bf16"):
+		t.Errorf("sets %v: avx512bf16 listed on a CPU without AVX-512F, AVX-512BW and AVX512_BF16 (or in a purego build)", names)
+	}
+	if has := slices.Contains(names, "avx512"); has != (flags["avx512f"] && !purego) {
+		t.Errorf("sets %v: avx512 listed %v, the CPU has AVX-512F %v (purego %v)", names, has, flags["avx512f"], purego)
+	}
 	if flags["avx2"] && flags["fma"] && !purego {
-		if names[0] != "avx2" {
-			t.Errorf("sets %v on a CPU with AVX2 and FMA: want avx2 first", names)
+		if i := slices.Index(names, "avx2"); i < 0 || !bf16 && i != 0 {
+			t.Errorf("sets %v on a CPU with AVX2 and FMA: want avx2 listed, first unless avx512bf16 is", names)
 		}
 	} else if slices.Contains(names, "avx2") {
 		t.Errorf("sets %v: avx2 listed on a CPU without AVX2 and FMA (or in a purego build)", names)
