@@ -36,6 +36,12 @@ const (
 // other).
 var moePath = os.Getenv("LOOM_CUDA_MOE_PATH")
 
+// moeFuseDecode runs a call of at most moeWarps tokens with the router and the routing in
+// one launch, and one token's down projection with the combine in one (kernels/moe.cu:
+// moe_router_route, moe_down_combine; the same bits as the separate kernels). Tests turn it
+// off to compare.
+var moeFuseDecode = true
+
 // moeSteps is the number of moe's four steps a call runs (4: all); the timing test lowers it
 // to time the steps one by one.
 var moeSteps = 4
@@ -267,34 +273,50 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 		return fmt.Errorf("cuda: moe: %d tokens need more than 65535 blocks along a grid's y", T)
 	}
 
-	// 1. Router logits [T,E] in x's dtype.
-	logits := at(lay.logits)
-	if x.DType == tensor.BF16 && router.DType == tensor.BF16 && T > 64 {
-		xv := &Tensor{DType: x.DType, Shape: []int{T, H}, ptr: x.ptr, dev: x.dev}
-		lv := &Tensor{DType: x.DType, Shape: []int{T, E}, ptr: logits, dev: x.dev}
-		if err := linear(d, lv, xv, router); err != nil {
-			return fmt.Errorf("cuda: moe: router: %w", err)
-		}
-	} else {
-		grid := cubind.Dim3{X: (E + moeWarps - 1) / moeWarps, Y: (T + MT - 1) / MT, Z: 1}
-		if err := launch(fmt.Sprintf("moe_router_%s_%s_m%d", xn, rn, MT), grid, 32*moeWarps, 0, func(g *cubind.Args) {
-			g.Ptr(logits).Ptr(x.ptr).Ptr(router.ptr).I32(int32(T)).I32(int32(E)).I32(int32(H))
+	// 1. Router logits [T,E] in x's dtype, and 2. the routing and grouping.
+	logits, ids, wts, pos := at(lay.logits), at(lay.ids), at(lay.wts), at(lay.pos)
+	routeArgs := func(g *cubind.Args) {
+		g.Ptr(ids).Ptr(wts).Struct(meta).Ptr(counter.ptr).I32(int32(T)).I32(int32(E))
+	}
+	routeAttrs := func(g *cubind.Args) {
+		g.I32(int32(k)).I32(b2i(a.Normalize)).I32(wround).I32(int32(L)).I32(int32(a.ExpertOffset))
+	}
+	if moeFuseDecode && T <= moeWarps && moeSteps >= 2 {
+		grid := cubind.Dim3{X: (E + moeWarps - 1) / moeWarps, Y: 1, Z: 1}
+		if err := launch(fmt.Sprintf("moe_router_route_%s_%s", xn, rn), grid, 32*moeWarps, moeWarps*E*4, func(g *cubind.Args) {
+			g.Ptr(logits).Ptr(x.ptr).Ptr(router.ptr)
+			routeArgs(g)
+			g.I32(int32(H))
+			routeAttrs(g)
 		}); err != nil {
 			return err
 		}
-	}
-
-	if moeSteps < 2 {
-		return nil
-	}
-	// 2. Routing and grouping.
-	ids, wts, pos := at(lay.ids), at(lay.wts), at(lay.pos)
-	grid := cubind.Dim3{X: (T + moeWarps - 1) / moeWarps, Y: 1, Z: 1}
-	if err := launch("moe_route_"+xn, grid, 32*moeWarps, moeWarps*E*4, func(g *cubind.Args) {
-		g.Ptr(logits).Ptr(ids).Ptr(wts).Struct(meta).Ptr(counter.ptr).I32(int32(T)).I32(int32(E)).I32(int32(k)).
-			I32(b2i(a.Normalize)).I32(wround).I32(int32(L)).I32(int32(a.ExpertOffset))
-	}); err != nil {
-		return err
+	} else {
+		if x.DType == tensor.BF16 && router.DType == tensor.BF16 && T > 64 {
+			xv := &Tensor{DType: x.DType, Shape: []int{T, H}, ptr: x.ptr, dev: x.dev}
+			lv := &Tensor{DType: x.DType, Shape: []int{T, E}, ptr: logits, dev: x.dev}
+			if err := linear(d, lv, xv, router); err != nil {
+				return fmt.Errorf("cuda: moe: router: %w", err)
+			}
+		} else {
+			grid := cubind.Dim3{X: (E + moeWarps - 1) / moeWarps, Y: (T + MT - 1) / MT, Z: 1}
+			if err := launch(fmt.Sprintf("moe_router_%s_%s_m%d", xn, rn, MT), grid, 32*moeWarps, 0, func(g *cubind.Args) {
+				g.Ptr(logits).Ptr(x.ptr).Ptr(router.ptr).I32(int32(T)).I32(int32(E)).I32(int32(H))
+			}); err != nil {
+				return err
+			}
+		}
+		if moeSteps < 2 {
+			return nil
+		}
+		grid := cubind.Dim3{X: (T + moeWarps - 1) / moeWarps, Y: 1, Z: 1}
+		if err := launch("moe_route_"+xn, grid, 32*moeWarps, moeWarps*E*4, func(g *cubind.Args) {
+			g.Ptr(logits)
+			routeArgs(g)
+			routeAttrs(g)
+		}); err != nil {
+			return err
+		}
 	}
 
 	if moeSteps < 3 {
@@ -322,6 +344,12 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 			g.Ptr(h).Ptr(x.ptr).Ptr(gate.ptr).Ptr(up.ptr).Struct(meta).I32(int32(H)).I32(int32(I))
 		}); err != nil {
 			return err
+		}
+		if moeFuseDecode && T == 1 && moeSteps >= 4 {
+			// 3b and 4: one token's down rows and the combine.
+			return launch(fmt.Sprintf("moe_down_combine_%s_%s", xn, wn), cubind.Dim3{X: (H + moeWarps - 1) / moeWarps, Y: 1, Z: 1}, 32*moeWarps, 0, func(g *cubind.Args) {
+				g.Ptr(out.ptr).Ptr(h).Ptr(down.ptr).Ptr(ids).Ptr(wts).Ptr(pos).I32(int32(H)).I32(int32(I)).I32(int32(k)).I32(pround).I32(int32(a.ExpertOffset))
+			})
 		}
 		R := 2 // rows per warp of the down kernel (MOE_KERNELS)
 		if MT == 1 {

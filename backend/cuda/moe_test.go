@@ -299,6 +299,35 @@ func TestMoEFusedOnGPU(t *testing.T) {
 	}
 }
 
+// The fused decode kernels (router and routing in one launch for up to 8 tokens; one
+// token's down projection and combine in one) give the bits of the separate kernels: one
+// token and a few, top_k from 1 to 8, expert counts that are not multiples of a block's
+// warps, local experts at an offset (a token may choose none of them), f32 and bf16.
+func TestMoEFusedDecodeBits(t *testing.T) {
+	d := gpu(t)
+	defer func(f bool) { moeFuseDecode = f }(moeFuseDecode)
+	rng := rand.New(rand.NewPCG(9, 18))
+	var cases []moeCase
+	for _, act := range []tensor.DType{tensor.BF16, tensor.F32} {
+		cases = append(cases,
+			moeCase{T: 1, H: 2048, I: 768, E: 128, L: 128, k: 8, normalize: true, wd: tensor.BF16, act: act},
+			moeCase{T: 1, H: 64, I: 96, E: 60, L: 60, k: 4, normalize: false, wd: tensor.BF16, act: act},
+			moeCase{T: 1, H: 64, I: 48, E: 8, L: 4, off: 4, k: 1, normalize: true, wd: tensor.F32, act: act},
+			moeCase{T: 1, H: 128, I: 40, E: 16, L: 8, off: 0, k: 6, normalize: false, wd: tensor.BF16, act: act},
+			moeCase{T: 5, H: 256, I: 96, E: 60, L: 60, k: 4, normalize: false, wd: tensor.BF16, act: act},
+			moeCase{T: 8, H: 64, I: 48, E: 32, L: 8, off: 24, k: 8, normalize: true, wd: tensor.F32, act: act},
+		)
+	}
+	for _, c := range cases {
+		in := moeInputs(rng, c)
+		moeFuseDecode = false
+		want := runOp(t, d, "moe", c.attrs(), in...)[0]
+		moeFuseDecode = true
+		got := runOp(t, d, "moe", c.attrs(), in...)[0]
+		compare(t, "moe fused decode", c.String(), got, want, exact)
+	}
+}
+
 // TestMoETimings times graph op moe on Qwen3-30B-A3B's layer shape (H 2048, 128 experts of
 // I 768, top 8, bf16) for decode batches and small prefills, each path, when
 // LOOM_CUDA_TIMINGS=1: graph-replayed calls rotating through 16 inputs (so that each call

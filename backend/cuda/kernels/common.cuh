@@ -23,6 +23,7 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
 struct F32 {
   typedef float T;
   static __device__ __forceinline__ float load(const float* p, i64 i) { return p[i]; }
+  static __device__ __forceinline__ float load_cg(const float* p, i64 i) { return __ldcg(p + i); }  // through L2
   static __device__ __forceinline__ void store(float* p, i64 i, float v) { p[i] = v; }
   static __device__ __forceinline__ float round(float v) { return v; }
 };
@@ -30,6 +31,7 @@ struct F32 {
 struct BF16 {
   typedef bf16 T;
   static __device__ __forceinline__ float load(const bf16* p, i64 i) { return bf16_to_f32(p[i]); }
+  static __device__ __forceinline__ float load_cg(const bf16* p, i64 i) { return bf16_to_f32(__ldcg(p + i)); }
   static __device__ __forceinline__ void store(bf16* p, i64 i, float v) { p[i] = f32_to_bf16(v); }
   static __device__ __forceinline__ float round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 };

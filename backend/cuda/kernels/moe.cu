@@ -187,113 +187,131 @@ __device__ __forceinline__ void moe_swiglu_store(typename X::T* h, i64 i, float 
   X::store(h, i, s * u);
 }
 
-// moe_router: logits[T,E] = x[T,H] · router[E,H]ᵀ rounded to X. Grid (ceil(E / (R *
-// warps)), ceil(T / MT)); block MOE_WARPS warps, each owning R router rows for MT tokens.
+// moe_router_rows computes the calling warp's R router rows for the MT tokens of blockIdx.y
+// (nothing for a warp past the rows or tokens; it does not return early, so a fused caller
+// can go on to a barrier): logits[T,E] = x[T,H] · router[E,H]ᵀ rounded to X.
+template <int MT, int R, int U, class X, class W>
+__device__ __forceinline__ void moe_router_rows(typename X::T* logits, const typename X::T* x,
+                                                const typename W::T* router, int T, int E, int H) {
+  const int m0 = blockIdx.y * MT, n = min(MT, T - m0);
+  const int e0 = moe_warp() * R;
+  if (n > 0 && e0 < E) {
+    const typename W::T* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = router + (i64)min(e0 + r, E - 1) * H;
+    const typename X::T* xr[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) xr[m] = x + (i64)(m0 + min(m, n - 1)) * H;
+    float acc[R][MT];
+    moe_dot<MT, R, U, X, W>(acc, wr, xr, n, H);
+    const int l = threadIdx.x & 31;
+    float unused;
+    const float v = moe_pick<MT, R, 0>(acc, l, &unused);
+    const int r = l / MT, m = l % MT;
+    if (l < R * MT && m < n && e0 + r < E) X::store(logits, (i64)(m0 + m) * E + e0 + r, v);
+  }
+}
+
+// moe_router: the router logits (moe_router_rows). Grid (ceil(E / (R * warps)), ceil(T /
+// MT)); block MOE_WARPS warps, each owning R router rows for MT tokens.
 template <int MT, int R, int U, class X, class W>
 __device__ __forceinline__ void moe_router_impl(typename X::T* logits, const typename X::T* x,
                                                 const typename W::T* router, int T, int E, int H) {
   pdl_begin();
-  const int m0 = blockIdx.y * MT, n = min(MT, T - m0);
-  const int e0 = moe_warp() * R;
-  if (n <= 0 || e0 >= E) return;
-  const typename W::T* wr[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = router + (i64)min(e0 + r, E - 1) * H;
-  const typename X::T* xr[MT];
-#pragma unroll
-  for (int m = 0; m < MT; ++m) xr[m] = x + (i64)(m0 + min(m, n - 1)) * H;
-  float acc[R][MT];
-  moe_dot<MT, R, U, X, W>(acc, wr, xr, n, H);
-  const int l = threadIdx.x & 31;
-  float unused;
-  const float v = moe_pick<MT, R, 0>(acc, l, &unused);
-  const int r = l / MT, m = l % MT;
-  if (l < R * MT && m < n && e0 + r < E) X::store(logits, (i64)(m0 + m) * E + e0 + r, v);
+  moe_router_rows<MT, R, U, X, W>(logits, x, router, T, E, H);
 }
 
 // moe_gt: a ranks before b (NaN above every number).
 __device__ __forceinline__ bool moe_gt(float a, float b) { return a > b || (a != a && b == b); }
 
-// moe_route: see the file comment (step 2). Grid ceil(T / MOE_WARPS), block MOE_WARPS warps,
-// dynamic shared memory MOE_WARPS * E floats. wround codes weight_dtype as moe_round does.
-// counter is zero before the launch and zero after it.
+// moe_route_token routes token t with the calling warp (see the file comment, step 2): its
+// softmax over the E logits (read through L2: a fused kernel's other blocks wrote them), the
+// top k, renormalised when asked -> ids[t*k..], wts[t*k..]. pr is the warp's E floats of
+// shared memory.
 template <class X>
-__device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int* ids, float* wts, MoeMeta mm,
-                                               unsigned* counter, int T, int E, int k, int normalize, int wround,
-                                               int L, int off) {
-  extern __shared__ float moe_probs[];
-  __shared__ int cnt[MOE_MAX_L], cur[MOE_MAX_L];
-  __shared__ int s_last, s_active, s_tiles;
-  pdl_begin();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.x * MOE_WARPS + warp;
-  float* pr = moe_probs + warp * E;
-  if (t < T) {
-    float mx = -LOOM_INF;
-    for (int j = lane; j < E; j += 32) {
-      const float v = X::load(logits, (i64)t * E + j);
-      pr[j] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = warp_max(mx);
-    double sum = 0.0;
-    for (int j = lane; j < E; j += 32) sum += exp((double)pr[j] - (double)mx);
-    sum = warp_sum_d(sum);
-    for (int j = lane; j < E; j += 32) pr[j] = (float)(exp((double)pr[j] - (double)mx) / sum);
-    __syncwarp();
-    float val = 0.f;  // lane j < k keeps the j-th choice
-    int idx = 0;
-    for (int j = 0; j < k; ++j) {
-      float bv = 0.f;
-      int bi = -1;
-      for (int i = lane; i < E; i += 32) {
-        const float p = pr[i];
-        if (p >= 0.f || p != p) {  // chosen entries hold -1
-          if (bi < 0 || moe_gt(p, bv)) {
-            bv = p;
-            bi = i;
-          }
+__device__ __forceinline__ void moe_route_token(const typename X::T* logits, int* ids, float* wts, float* pr, int t,
+                                                int E, int k, int normalize, int wround) {
+  const int lane = threadIdx.x & 31;
+  float mx = -LOOM_INF;
+  for (int j = lane; j < E; j += 32) {
+    const float v = X::load_cg(logits, (i64)t * E + j);
+    pr[j] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = warp_max(mx);
+  double sum = 0.0;
+  for (int j = lane; j < E; j += 32) sum += exp((double)pr[j] - (double)mx);
+  sum = warp_sum_d(sum);
+  for (int j = lane; j < E; j += 32) pr[j] = (float)(exp((double)pr[j] - (double)mx) / sum);
+  __syncwarp();
+  float val = 0.f;  // lane j < k keeps the j-th choice
+  int idx = 0;
+  for (int j = 0; j < k; ++j) {
+    float bv = 0.f;
+    int bi = -1;
+    for (int i = lane; i < E; i += 32) {
+      const float p = pr[i];
+      if (p >= 0.f || p != p) {  // chosen entries hold -1
+        if (bi < 0 || moe_gt(p, bv)) {
+          bv = p;
+          bi = i;
         }
       }
+    }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (oi >= 0 && (bi < 0 || moe_gt(ov, bv) || (!moe_gt(bv, ov) && oi < bi))) {
-          bv = ov;
-          bi = oi;
-        }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+      const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+      if (oi >= 0 && (bi < 0 || moe_gt(ov, bv) || (!moe_gt(bv, ov) && oi < bi))) {
+        bv = ov;
+        bi = oi;
       }
-      if (lane == j) {
-        val = bv;
-        idx = bi;
-      }
-      __syncwarp();
-      if (lane == 0) pr[bi] = -1.f;
-      __syncwarp();
     }
-    if (normalize) {
-      double s = 0.0;
-      for (int j = 0; j < k; ++j) s += (double)__shfl_sync(FULL_MASK, val, j);
-      val /= (float)s;
+    if (lane == j) {
+      val = bv;
+      idx = bi;
     }
-    if (lane < k) {
-      ids[(i64)t * k + lane] = idx;
-      wts[(i64)t * k + lane] = moe_round(val, wround);
-    }
+    __syncwarp();
+    if (lane == 0) pr[bi] = -1.f;
+    __syncwarp();
   }
-  // The last block to get here groups the assignments of all tokens (a lone block needs
-  // no counter).
-  if (gridDim.x > 1) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-  } else {
-    __syncthreads();
+  if (normalize) {
+    double s = 0.0;
+    for (int j = 0; j < k; ++j) s += (double)__shfl_sync(FULL_MASK, val, j);
+    val /= (float)s;
   }
+  if (lane < k) {
+    ids[(i64)t * k + lane] = idx;
+    wts[(i64)t * k + lane] = moe_round(val, wround);
+  }
+}
+
+// moe_last_block tells the blocks of a grid that have done their part whether they are the
+// last to finish (a counter, reset by the last block, that is zero between launches); the
+// last block then sees every other block's writes (read them through L2). Every thread of
+// the block must call it.
+__device__ __forceinline__ bool moe_last_block(unsigned* counter) {
+  __shared__ int s_last;
+  if (gridDim.x * gridDim.y == 1) {
+    __syncthreads();
+    return true;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!s_last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0u;
+  return true;
+}
+
+// moe_group groups the assignments ids[T*k] of all tokens by local expert (see the file
+// comment, step 2), with the whole calling block.
+__device__ __forceinline__ void moe_group(const int* ids, MoeMeta mm, int T, int k, int L, int off) {
+  __shared__ int cnt[MOE_MAX_L], cur[MOE_MAX_L];
+  __shared__ int s_active, s_tiles;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 A = (i64)T * k;
   for (int e = threadIdx.x; e < L; e += blockDim.x) cnt[e] = cur[e] = 0;
   __syncthreads();
@@ -350,8 +368,41 @@ __device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int*
   if (threadIdx.x == 0) {
     mm.hdr[0] = s_active;
     mm.hdr[1] = s_tiles;
-    if (gridDim.x > 1) *counter = 0u;
   }
+}
+
+// moe_route: see the file comment (step 2). Grid ceil(T / MOE_WARPS), block MOE_WARPS warps,
+// dynamic shared memory MOE_WARPS * E floats; a warp a token, and the last block to finish
+// groups. wround codes weight_dtype as moe_round does. counter is zero before the launch and
+// zero after it.
+template <class X>
+__device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int* ids, float* wts, MoeMeta mm,
+                                               unsigned* counter, int T, int E, int k, int normalize, int wround,
+                                               int L, int off) {
+  extern __shared__ float moe_probs[];
+  pdl_begin();
+  const int t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+  if (t < T) moe_route_token<X>(logits, ids, wts, moe_probs + (threadIdx.x >> 5) * E, t, E, k, normalize, wround);
+  if (moe_last_block(counter)) moe_group(ids, mm, T, k, L, off);
+}
+
+// moe_router_route is steps 1 and 2 in one launch for at most MOE_WARPS tokens (decode): the
+// router logits as moe_router computes them (MT = 8, the same bits as every MT), then the
+// last block to finish routes token t with warp t and groups. Grid ceil(E / (R * warps)),
+// dynamic shared memory MOE_WARPS * E floats; counter as for moe_route.
+template <int R, int U, class X, class W>
+__device__ __forceinline__ void moe_router_route_impl(typename X::T* logits, const typename X::T* x,
+                                                      const typename W::T* router, int* ids, float* wts, MoeMeta mm,
+                                                      unsigned* counter, int T, int E, int H, int k, int normalize,
+                                                      int wround, int L, int off) {
+  extern __shared__ float moe_probs[];
+  pdl_begin();
+  moe_router_rows<8, R, U, X, W>(logits, x, router, T, E, H);
+  if (!moe_last_block(counter)) return;
+  const int t = threadIdx.x >> 5;
+  if (t < T) moe_route_token<X>(logits, ids, wts, moe_probs + t * E, t, E, k, normalize, wround);
+  __syncthreads();
+  moe_group(ids, mm, T, k, L, off);
 }
 
 // moe_gate_up: h[p, j] = silu(x[tok[p]] · gate[e,j]) * (x[tok[p]] · up[e,j]) for the rows p
@@ -415,6 +466,98 @@ __device__ __forceinline__ void moe_down_impl(typename X::T* y, const typename X
     const float v = moe_pick<MT, R, 0>(acc, l, &unused);
     if (l < R * MT && m < n && c0 + r < H) X::store(y, (i64)(base + m0 + m) * H + c0 + r, v);
   }
+}
+
+// moe_dot_rows computes acc[r] = wr[r] · xr[r] over K (a multiple of 8): RR weight rows,
+// each with its own row of activations. Each lane adds its chunks in the order moe_dot adds
+// them, and the lanes' sums are added as moe_dot adds them, so a row's result has the bits
+// moe_dot gives it for one token.
+template <int RR, int U, class X, class W>
+__device__ __forceinline__ void moe_dot_rows(float (&acc)[RR], const typename W::T* const (&wr)[RR],
+                                             const typename X::T* const (&xr)[RR], int K) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < RR; ++r) acc[r] = 0.0f;
+  const int K8 = K >> 3;
+  for (int c0 = 0; c0 < K8; c0 += 32 * U) {
+    uint4 raw[U][RR][MoeW<W>::Q];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + 32 * u + lane;
+      if (c < K8)
+#pragma unroll
+        for (int r = 0; r < RR; ++r) MoeW<W>::load(wr[r], (i64)c * 8, raw[u][r]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + 32 * u + lane;
+      if (c < K8)
+#pragma unroll
+        for (int r = 0; r < RR; ++r) {
+          float wf[8], xf[8];
+          MoeW<W>::widen(raw[u][r], wf);
+          MoeX<X>::load8(xr[r] + (i64)c * 8, xf);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+        }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RR; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// moe_down_combine is steps 3 (down) and 4 in one launch for one token (decode at batch 1):
+// out[c] = the combine of the token's local experts' rows y_i[c] = h[pos_i] · down[e_i, c],
+// each rounded to X as moe_down stores it (the same bits), weighted and added in expert
+// order as moe_combine adds them. Grid ceil(H / MOE_WARPS): warp c owns output c and streams
+// the rows c of up to 8 experts at once. off is expert_offset.
+template <int U, class X, class W>
+__device__ __forceinline__ void moe_down_combine_impl(typename X::T* out, const typename X::T* h,
+                                                      const typename W::T* down, const int* ids, const float* wts,
+                                                      const int* pos, int H, int I, int k, int pround, int off) {
+  __shared__ int re[MOE_MAX_K], rp[MOE_MAX_K], sp[MOE_MAX_K], se[MOE_MAX_K];
+  __shared__ float rw[MOE_MAX_K], sw[MOE_MAX_K];
+  pdl_begin();
+  const int j = threadIdx.x;
+  if (j < k) {
+    const int p = pos[j];
+    re[j] = p < 0 ? 0x7fffffff : ids[j];
+    rp[j] = p;
+    rw[j] = wts[j];
+  }
+  __syncthreads();
+  int n = 0;
+  for (int i = 0; i < k; ++i) n += re[i] != 0x7fffffff;
+  if (j < k && re[j] != 0x7fffffff) {
+    int rank = 0;
+    for (int i = 0; i < k; ++i) rank += re[i] < re[j];
+    sp[rank] = rp[j];
+    sw[rank] = rw[j];
+    se[rank] = re[j] - off;
+  }
+  __syncthreads();
+  const int c = moe_warp();
+  if (c >= H) return;
+  float acc = 0.f;
+  for (int i0 = 0; i0 < n; i0 += 8) {
+    const typename W::T* wr[8];
+    const typename X::T* hr[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int i = min(i0 + r, n - 1);
+      wr[r] = down + ((i64)se[i] * H + c) * I;
+      hr[r] = h + (i64)sp[i] * I;
+    }
+    float part[8];
+    moe_dot_rows<8, U, X, W>(part, wr, hr, I);
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      if (i0 + r < n) {
+        const float p = X::round(moe_round(X::round(part[r]) * sw[i0 + r], pround));
+        acc = i0 + r == 0 ? p : X::round(acc + p);
+      }
+  }
+  if ((threadIdx.x & 31) == 0) X::store(out, c, acc);
 }
 
 // moe_combine: out[t] = the sum in expert order of t's products y[pos]·weight (see the file
@@ -629,6 +772,21 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
     moe_route_impl<X>(logits, ids, wts, mm, counter, T, E, k, normalize, wround, L, off);                        \
   }
 
+#define MOE_ROUTER_ROUTE(X, xn, W, wn, R, U)                                                                     \
+  extern "C" __global__ void __launch_bounds__(256) moe_router_route_##xn##_##wn(                               \
+      X::T* logits, const X::T* x, const W::T* router, int* ids, float* wts, MoeMeta mm, unsigned* counter,       \
+      int T, int E, int H, int k, int normalize, int wround, int L, int off) {                                   \
+    moe_router_route_impl<R, U, X, W>(logits, x, router, ids, wts, mm, counter, T, E, H, k, normalize, wround,    \
+                                      L, off);                                                                   \
+  }
+
+#define MOE_DOWN_COMBINE(X, xn, W, wn, U)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) moe_down_combine_##xn##_##wn(                               \
+      X::T* out, const X::T* h, const W::T* down, const int* ids, const float* wts, const int* pos, int H, int I, \
+      int k, int pround, int off) {                                                                              \
+    moe_down_combine_impl<U, X, W>(out, h, down, ids, wts, pos, H, I, k, pround, off);                           \
+  }
+
 #define MOE_COMBINE(X, xn)                                                                                       \
   extern "C" __global__ void __launch_bounds__(256) moe_combine_##xn(                                           \
       X::T* out, const X::T* y, const int* ids, const float* wts, const int* pos, int H, int k, int pround) {   \
@@ -645,6 +803,8 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
   MOE_DOWN(X, xn, W, wn, 1, 1, 4)          \
   MOE_DOWN(X, xn, W, wn, 8, 2, 2)          \
   MOE_ROUTE(X, xn)                         \
+  MOE_ROUTER_ROUTE(X, xn, WR, wrn, 1, 2)   \
+  MOE_DOWN_COMBINE(X, xn, W, wn, 1)        \
   MOE_COMBINE(X, xn)
 
 #define MOE_MMA(NAME, GATED)                                                                                    \
