@@ -42,9 +42,19 @@ var moePath = os.Getenv("LOOM_CUDA_MOE_PATH")
 // off to compare.
 var moeFuseDecode = true
 
-// moeSteps is the number of moe's four steps a call runs (4: all); the timing test lowers it
-// to time the steps one by one.
-var moeSteps = 4
+// moeTiles are the grouped GEMV's work per warp (kernels/moe.cu, MOE_KERNELS): gate/up
+// outputs GateP (their gate and up rows) with GateU chunks of 8 in flight per row and lane;
+// down rows DownR with DownU chunks.
+type moeTiles struct{ GateP, GateU, DownR, DownU int }
+
+var (
+	moeTokenTiles = moeTiles{1, 4, 1, 4} // one token (MT 1)
+	moeBatchTiles = moeTiles{1, 2, 2, 2} // more (MT 8)
+)
+
+// moeSteps is the number of moe's launches a call runs, in order router, routing, gate/up,
+// down, combine (5: all); the timing test lowers it to time the steps one by one.
+var moeSteps = 5
 
 func init() {
 	opKernels["moe"] = &opKernel{
@@ -328,7 +338,7 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 		gu := cubind.Dim3{X: (I + 63) / 64, Y: lay.tiles, Z: 1}
 		if err := launch("moe_mma_gate_up", gu, 128, 0, func(g *cubind.Args) {
 			g.Ptr(h).Ptr(x.ptr).Ptr(gate.ptr).Ptr(up.ptr).Struct(meta).I32(int32(I)).I32(int32(H))
-		}); err != nil {
+		}); err != nil || moeSteps < 4 {
 			return err
 		}
 		dn := cubind.Dim3{X: (H + 63) / 64, Y: lay.tiles, Z: 1}
@@ -339,31 +349,31 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 		}
 	} else {
 		slots := min(lay.A, L)
-		gu := cubind.Dim3{X: (I + moeWarps - 1) / moeWarps, Y: slots, Z: 1}
-		if err := launch(fmt.Sprintf("moe_gate_up_%s_%s_m%d", xn, wn, MT), gu, 32*moeWarps, 0, func(g *cubind.Args) {
+		tl := moeBatchTiles
+		if MT == 1 {
+			tl = moeTokenTiles
+		}
+		gu := cubind.Dim3{X: (I + tl.GateP*moeWarps - 1) / (tl.GateP * moeWarps), Y: slots, Z: 1}
+		if err := launch(fmt.Sprintf("moe_gate_up_%s_%s_m%d_p%d_u%d", xn, wn, MT, tl.GateP, tl.GateU), gu, 32*moeWarps, 0, func(g *cubind.Args) {
 			g.Ptr(h).Ptr(x.ptr).Ptr(gate.ptr).Ptr(up.ptr).Struct(meta).I32(int32(H)).I32(int32(I))
-		}); err != nil {
+		}); err != nil || moeSteps < 4 {
 			return err
 		}
-		if moeFuseDecode && T == 1 && moeSteps >= 4 {
+		if moeFuseDecode && T == 1 && moeSteps >= 5 {
 			// 3b and 4: one token's down rows and the combine.
 			return launch(fmt.Sprintf("moe_down_combine_%s_%s", xn, wn), cubind.Dim3{X: (H + moeWarps - 1) / moeWarps, Y: 1, Z: 1}, 32*moeWarps, 0, func(g *cubind.Args) {
 				g.Ptr(out.ptr).Ptr(h).Ptr(down.ptr).Ptr(ids).Ptr(wts).Ptr(pos).I32(int32(H)).I32(int32(I)).I32(int32(k)).I32(pround).I32(int32(a.ExpertOffset))
 			})
 		}
-		R := 2 // rows per warp of the down kernel (MOE_KERNELS)
-		if MT == 1 {
-			R = 1
-		}
-		dn := cubind.Dim3{X: (H + R*moeWarps - 1) / (R * moeWarps), Y: slots, Z: 1}
-		if err := launch(fmt.Sprintf("moe_down_%s_%s_m%d", xn, wn, MT), dn, 32*moeWarps, 0, func(g *cubind.Args) {
+		dn := cubind.Dim3{X: (H + tl.DownR*moeWarps - 1) / (tl.DownR * moeWarps), Y: slots, Z: 1}
+		if err := launch(fmt.Sprintf("moe_down_%s_%s_m%d_r%d_u%d", xn, wn, MT, tl.DownR, tl.DownU), dn, 32*moeWarps, 0, func(g *cubind.Args) {
 			g.Ptr(y).Ptr(h).Ptr(down.ptr).Struct(meta).I32(int32(H)).I32(int32(I))
 		}); err != nil {
 			return err
 		}
 	}
 
-	if moeSteps < 4 {
+	if moeSteps < 5 {
 		return nil
 	}
 	// 4. The weighted combine.

@@ -329,17 +329,17 @@ func TestMoEFusedDecodeBits(t *testing.T) {
 }
 
 // TestMoETimings times graph op moe on Qwen3-30B-A3B's layer shape (H 2048, 128 experts of
-// I 768, top 8, bf16) for decode batches and small prefills, each path, when
-// LOOM_CUDA_TIMINGS=1: graph-replayed calls rotating through 16 inputs (so that each call
-// routes to other experts), the time of steps 1 (router), 1-2 (+ routing), 1-3 (+ experts)
-// and the whole op, and the experts' bytes read over the time (expected distinct experts
-// E·(1-(1-k/E)^T), 9.4 MB each).
+// I 768, top 8, bf16) for decode batches and small prefills, each path and the grouped
+// GEMV's tilings, when LOOM_CUDA_TIMINGS=1: graph-replayed calls rotating through 16 inputs
+// (so that each call routes to other experts), the time of the launches up to the router,
+// routing, gate/up, down and combine, and the experts' bytes read over the whole time
+// (expected distinct experts E·(1-(1-k/E)^T), 9.4 MB each).
 func TestMoETimings(t *testing.T) {
 	d := gpu(t)
 	if os.Getenv("LOOM_CUDA_TIMINGS") != "1" {
 		t.Skip("set LOOM_CUDA_TIMINGS=1 to time the kernels")
 	}
-	defer func(p string, s int) { moePath, moeSteps = p, s }(moePath, moeSteps)
+	defer func(p string, s int, tl moeTiles) { moePath, moeSteps, moeBatchTiles = p, s, tl }(moePath, moeSteps, moeBatchTiles)
 	const H, I, E, k, nx = 2048, 768, 128, 8, 16
 	rng := rand.New(rand.NewPCG(5, 5))
 	s := 1 / math.Sqrt(H)
@@ -348,6 +348,12 @@ func TestMoETimings(t *testing.T) {
 		randTensor(rng, tensor.BF16, []int{E, H, I}, -2*s, 2*s))
 	counter := zeroed(t, d, tensor.I32, 1)
 	a := MoEAttrs{TopK: k, Normalize: true, WeightDType: tensor.BF16}
+	type variant struct {
+		path  string
+		tiles moeTiles
+	}
+	variants := []variant{{"gemv", moeBatchTiles}, {"gemv", moeTiles{1, 4, 4, 1}}, {"gemv", moeTiles{2, 2, 4, 2}},
+		{"gemv", moeTiles{4, 1, 8, 1}}, {"mma", moeBatchTiles}}
 	for _, T := range []int{1, 2, 8, 32, 64, 128, 256} {
 		xs := make([]*Tensor, nx)
 		for i := range xs {
@@ -356,11 +362,14 @@ func TestMoETimings(t *testing.T) {
 		out := zeroed(t, d, tensor.BF16, T, H)
 		ws := zeroed(t, d, tensor.I32, int(moeLayoutFor(T, H, E, E, I, k, 2).total)/4+1)
 		experts := E * (1 - math.Pow(1-float64(k)/E, float64(T)))
-		for _, path := range []string{"gemv", "mma"} {
-			moePath = path
-			line := fmt.Sprintf("T=%d %s:", T, path)
-			var full float64
-			for steps := 1; steps <= 4; steps++ {
+		for vi, v := range variants {
+			if T == 1 && vi > 0 && vi < len(variants)-1 {
+				continue // one token runs moeTokenTiles
+			}
+			moePath, moeBatchTiles = v.path, v.tiles
+			line := fmt.Sprintf("T=%d %s %+v:", T, v.path, v.tiles)
+			var prev, full float64
+			for steps := 1; steps <= 5; steps++ {
 				moeSteps = steps
 				call := func(i int) error { return moe(d, out, xs[i%nx], w[0], w[1], w[2], w[3], ws, counter, a) }
 				var el time.Duration
@@ -376,9 +385,10 @@ func TestMoETimings(t *testing.T) {
 					t.Fatal(err)
 				}
 				full = el.Seconds() * 1e6
-				line += fmt.Sprintf(" steps1-%d %.1f µs;", steps, full)
+				line += fmt.Sprintf(" +%s %.1f", []string{"router", "route", "gate_up", "down", "combine"}[steps-1], full-prev)
+				prev = full
 			}
-			t.Logf("%s experts %.0f (%.0f MB): %.0f GB/s", line, experts, experts*3*I*H*2/1e6, experts*3*I*H*2/full/1e3)
+			t.Logf("%s = %.1f µs; experts %.0f (%.0f MB): %.0f GB/s", line, full, experts, experts*3*I*H*2/1e6, experts*3*I*H*2/full/1e3)
 		}
 	}
 }

@@ -754,14 +754,14 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
   }
 
 #define MOE_GATE_UP(X, xn, W, wn, MT, P, U)                                                                      \
-  extern "C" __global__ void __launch_bounds__(256) moe_gate_up_##xn##_##wn##_m##MT(                            \
+  extern "C" __global__ void __launch_bounds__(256) moe_gate_up_##xn##_##wn##_m##MT##_p##P##_u##U(              \
       X::T* h, const X::T* x, const W::T* gate, const W::T* up, MoeMeta mm, int H, int I) {                     \
     moe_gate_up_impl<MT, P, U, X, W>(h, x, gate, up, mm, H, I);                                                  \
   }
 
 #define MOE_DOWN(X, xn, W, wn, MT, R, U)                                                                         \
   extern "C" __global__ void __launch_bounds__(256)                                                              \
-      moe_down_##xn##_##wn##_m##MT(X::T* y, const X::T* h, const W::T* down, MoeMeta mm, int H, int I) {       \
+      moe_down_##xn##_##wn##_m##MT##_r##R##_u##U(X::T* y, const X::T* h, const W::T* down, MoeMeta mm, int H, int I) { \
     moe_down_impl<MT, R, U, X, W>(y, h, down, mm, H, I);                                                          \
   }
 
@@ -800,8 +800,14 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
   MOE_ROUTER(X, xn, WR, wrn, 8, 1, 2)      \
   MOE_GATE_UP(X, xn, W, wn, 1, 1, 4)       \
   MOE_GATE_UP(X, xn, W, wn, 8, 1, 2)       \
+  MOE_GATE_UP(X, xn, W, wn, 8, 1, 4)       \
+  MOE_GATE_UP(X, xn, W, wn, 8, 2, 2)       \
+  MOE_GATE_UP(X, xn, W, wn, 8, 4, 1)       \
   MOE_DOWN(X, xn, W, wn, 1, 1, 4)          \
   MOE_DOWN(X, xn, W, wn, 8, 2, 2)          \
+  MOE_DOWN(X, xn, W, wn, 8, 4, 1)          \
+  MOE_DOWN(X, xn, W, wn, 8, 4, 2)          \
+  MOE_DOWN(X, xn, W, wn, 8, 8, 1)          \
   MOE_ROUTE(X, xn)                         \
   MOE_ROUTER_ROUTE(X, xn, WR, wrn, 1, 2)   \
   MOE_DOWN_COMBINE(X, xn, W, wn, 1)        \
