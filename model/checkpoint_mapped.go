@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/model/safetensors"
 	"github.com/loom-ml/loom/tensor"
 )
 
@@ -52,6 +53,41 @@ func (m mappedCheckpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor
 	}
 	c.bytesMapped.Add(int64(t.Numel() * t.DType.Size()))
 	return t, nil
+}
+
+// ViewConcat returns the concatenation along dimension 0 of the params refs name as one view
+// of the mapping, and true, where the checkpoint stores them whole, in one file, one right
+// after the other and in that order (gate_proj and up_proj in a file the safetensors library
+// wrote); else nil and false, and the caller reads the parts (LoadInto). Each ref is checked
+// as Load checks it; errors name the file and the tensor.
+func (m mappedCheckpoint) ViewConcat(ctx context.Context, refs []graph.ParamRef) (*tensor.Tensor, bool, error) {
+	c := m.c
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	var file *safetensors.File
+	names := make([]string, len(refs))
+	for i, ref := range refs {
+		if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 {
+			return nil, false, nil
+		}
+		f, dim, _, _, err := c.resolve(ref)
+		if err != nil {
+			return nil, false, err
+		}
+		if dim >= 0 || (file != nil && f != file) {
+			return nil, false, nil
+		}
+		file, names[i] = f, ref.Key
+	}
+	if file == nil {
+		return nil, false, nil
+	}
+	t, ok, err := file.ViewConcat(names)
+	if ok {
+		c.bytesMapped.Add(int64(t.Numel() * t.DType.Size()))
+	}
+	return t, ok, err
 }
 
 func (m mappedCheckpoint) LoadInto(ctx context.Context, ref graph.ParamRef, dst *tensor.Tensor) error {

@@ -93,6 +93,81 @@ func TestMappedLoad(t *testing.T) {
 	}
 }
 
+// TestMappedViewConcat: gate_proj and up_proj, one after the other in the fixture's file,
+// give their concatenation as one view equal to the two loaded; q and k (not adjacent), a
+// slice, or the parts in the other order give none; a tensor of the wrong shape is an error
+// naming it.
+func TestMappedViewConcat(t *testing.T) {
+	ck, err := OpenCheckpoint(filepath.Join(fixtures, "tiny-llama"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	ctx := context.Background()
+	mw := ck.Mapped().(interface {
+		ViewConcat(context.Context, []graph.ParamRef) (*tensor.Tensor, bool, error)
+	})
+	ref := func(name string) graph.ParamRef {
+		info, ok := ck.Info(name)
+		if !ok {
+			t.Fatalf("no tensor %s", name)
+		}
+		return whole(name, info.DType, info.Shape...)
+	}
+	gate, up := ref("model.layers.0.mlp.gate_proj.weight"), ref("model.layers.0.mlp.up_proj.weight")
+	q, k := ref("model.layers.0.self_attn.q_proj.weight"), ref("model.layers.0.self_attn.k_proj.weight")
+	half := gate
+	half.SliceDim, half.SliceIndex, half.SliceCount = 0, 0, 2
+	for _, tc := range []struct {
+		name string
+		refs []graph.ParamRef
+		view bool
+	}{
+		{"gate, up", []graph.ParamRef{gate, up}, true},
+		{"up, gate", []graph.ParamRef{up, gate}, false},
+		{"q, k", []graph.ParamRef{q, k}, false},
+		{"half of gate, up", []graph.ParamRef{half, up}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := ck.BytesMapped()
+			v, ok, err := mw.ViewConcat(ctx, tc.refs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != tc.view {
+				t.Fatalf("ViewConcat ok = %v, want %v", ok, tc.view)
+			}
+			if !ok {
+				if ck.BytesMapped() != before {
+					t.Error("BytesMapped grew without a view")
+				}
+				return
+			}
+			var want []uint16
+			rows := 0
+			for _, r := range tc.refs {
+				part, err := ck.Load(ctx, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, part.Half...)
+				rows += part.Shape[0]
+			}
+			if !slices.Equal(v.Half, want) || v.Shape[0] != rows {
+				t.Error("the view differs from the loaded parts' concatenation")
+			}
+			if got := ck.BytesMapped() - before; got != int64(len(want)*2) {
+				t.Errorf("BytesMapped grew by %d, want %d", got, len(want)*2)
+			}
+		})
+	}
+	bad := up
+	bad.Shape = []int{1, 2}
+	if _, _, err := mw.ViewConcat(ctx, []graph.ParamRef{gate, bad}); err == nil || !strings.Contains(err.Error(), up.Key) {
+		t.Errorf("ViewConcat with a wrong shape: %v, want an error naming %s", err, up.Key)
+	}
+}
+
 func tensorsEqual(a, b *tensor.Tensor) bool {
 	return a.DType == b.DType && slices.Equal(a.Shape, b.Shape) && slices.Equal(a.F32, b.F32) &&
 		slices.Equal(a.Half, b.Half) && slices.Equal(a.I32, b.I32) && slices.Equal(a.I64, b.I64) &&

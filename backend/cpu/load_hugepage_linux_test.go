@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"unsafe"
@@ -40,11 +41,23 @@ func TestStorageBytes(t *testing.T) {
 
 // TestAdviseHugePages: where transparent huge pages are enabled for madvise, a large tensor
 // advised before it is touched is backed by huge pages once written (the fused weights' read
-// at load); its contents are untouched by the advice.
+// at load); its contents are untouched by the advice. It runs in a fresh process (this test
+// binary run again): in this one the heap may hand out memory that earlier tests touched,
+// whose small pages the advice does not replace at once.
 func TestAdviseHugePages(t *testing.T) {
 	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
 	if err != nil || strings.Contains(string(mode), "[never]") {
 		t.Skipf("transparent huge pages are off here (%q, %v)", strings.TrimSpace(string(mode)), err)
+	}
+	if os.Getenv("LOOM_TEST_HUGEPAGE_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestAdviseHugePages$", "-test.v")
+		cmd.Env = append(os.Environ(), "LOOM_TEST_HUGEPAGE_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		t.Logf("fresh process:\n%s", out)
+		if err != nil {
+			t.Errorf("in a fresh process: %v", err)
+		}
+		return
 	}
 	x := tensor.New(tensor.BF16, 8<<20) // 16 MiB: 7 or 8 whole huge pages
 	adviseHugePages(x)

@@ -3,6 +3,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/loom-ml/loom/backend"
 	"github.com/loom-ml/loom/graph"
@@ -61,6 +62,12 @@ func directConcats(g *graph.Graph, w backend.Weights, slot map[*graph.Value]int,
 // to be backed by huge pages (load_hugepage*.go): faulting in fresh memory 4 KiB at a time
 // costs more than copying into it.
 func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w graph.WeightsInto, slot map[*graph.Value]int, uses []int) error {
+	if cv, ok := w.(concatViewer); ok {
+		done, err := p.viewConcat(ctx, n, outs, cv, slot, uses)
+		if done || err != nil {
+			return err
+		}
+	}
 	out := tensor.New(outs[0].DType, outs[0].Shape...)
 	adviseHugePages(out)
 	off := 0
@@ -91,6 +98,45 @@ func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w g
 	p.fixed[slot[n.Out()]] = out
 	p.folded++
 	return nil
+}
+
+// concatViewer is weights that can give the concatenation along axis 0 of params that they
+// store one right after the other as one tensor sharing their storage, and true; or false,
+// and the caller reads the parts (model.Checkpoint.Mapped: gate_proj and up_proj lie next to
+// each other in a safetensors file).
+type concatViewer interface {
+	ViewConcat(ctx context.Context, refs []graph.ParamRef) (*tensor.Tensor, bool, error)
+}
+
+// viewConcat stores as concat node n's fixed value the view w gives of its params'
+// concatenation, and reports whether it could.
+func (p *Program) viewConcat(ctx context.Context, n *graph.Node, outs []Out, w concatViewer, slot map[*graph.Value]int, uses []int) (bool, error) {
+	refs := make([]graph.ParamRef, len(n.Inputs))
+	for i, in := range n.Inputs {
+		ref, err := graph.ParamOf(in.Producer)
+		if err != nil {
+			return false, err
+		}
+		refs[i] = ref
+	}
+	t, ok, err := w.ViewConcat(ctx, refs)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", n, err)
+	}
+	if !ok {
+		return false, nil
+	}
+	if t.DType != outs[0].DType || !slices.Equal(t.Shape, outs[0].Shape) {
+		return false, fmt.Errorf("%s: the weights' view of its params is %s%v, its output %s%v", n, t.DType, t.Shape, outs[0].DType, outs[0].Shape)
+	}
+	for _, in := range n.Inputs {
+		uses[slot[in]]--
+	}
+	p.params += len(refs)
+	p.paramBytes += t.Numel() * t.DType.Size()
+	p.fixed[slot[n.Out()]] = t
+	p.folded++
+	return true, nil
 }
 
 // elemView is the elements [off, off+numel(shape)) of t as a tensor of that shape, sharing

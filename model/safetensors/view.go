@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -61,7 +63,55 @@ func (f *File) View(name string, dim, index, count int) (*tensor.Tensor, bool, e
 		part := len(src) / count
 		src = src[index*part : (index+1)*part : (index+1)*part]
 	}
-	if len(src) == 0 || uintptr(unsafe.Pointer(&src[0]))%uintptr(dt.Size()) != 0 {
+	return f.viewOf(name, dt, local, src)
+}
+
+// ViewConcat returns the concatenation along dimension 0 of whole tensors that the file stores
+// one right after the other, in that order and of one dtype (a fused weight's parts: gate_proj
+// and up_proj sort next to each other in a file written by the safetensors library), as one
+// view of the mapping of the given shape, and true; or nil and false where it cannot (View's
+// reasons, parts that are not adjacent, dtypes or shapes that differ). See View for the
+// contract of the view.
+func (f *File) ViewConcat(names []string) (*tensor.Tensor, bool, error) {
+	if len(names) == 0 {
+		return nil, false, nil
+	}
+	infos := make([]TensorInfo, len(names))
+	for i, name := range names {
+		ti, err := f.lookup(name)
+		if err != nil {
+			return nil, false, err
+		}
+		infos[i] = ti
+	}
+	first := infos[0]
+	dt, ok := first.DType.Tensor()
+	if !ok || len(first.Shape) == 0 {
+		return nil, false, nil
+	}
+	shape := slices.Clone(first.Shape)
+	for i, ti := range infos[1:] {
+		if ti.DType != first.DType || len(ti.Shape) != len(shape) || !slices.Equal(ti.Shape[1:], shape[1:]) || ti.Begin != infos[i].End {
+			return nil, false, nil
+		}
+		shape[0] += ti.Shape[0]
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.closed {
+		return nil, false, fmt.Errorf("%s: tensor %q: %w", f.path, names[0], ErrClosed)
+	}
+	if f.fd == nil || !littleEndian || dt == tensor.Bool {
+		return nil, false, nil
+	}
+	end := infos[len(infos)-1].End
+	return f.viewOf(strings.Join(names, `", "`), dt, shape, f.data[first.Begin:end:end])
+}
+
+// viewOf makes the view of src, a run of the mapping holding the named tensor's elements of
+// dtype dt and the given shape (see View). The caller holds f.mu for reading.
+func (f *File) viewOf(name string, dt tensor.DType, shape []int, src []byte) (*tensor.Tensor, bool, error) {
+	if len(src) == 0 || len(src) != tensor.Numel(shape)*dt.Size() || uintptr(unsafe.Pointer(&src[0]))%uintptr(dt.Size()) != 0 {
 		return nil, false, nil
 	}
 	if err := populate(src); err != nil {
@@ -70,8 +120,8 @@ func (f *File) View(name string, dim, index, count int) (*tensor.Tensor, bool, e
 		}
 		return nil, false, fmt.Errorf("%s: tensor %q: map pages: %w", f.path, name, err)
 	}
-	t := &tensor.Tensor{DType: dt, Shape: local}
-	n := tensor.Numel(local)
+	t := &tensor.Tensor{DType: dt, Shape: shape}
+	n := tensor.Numel(shape)
 	p := unsafe.Pointer(&src[0])
 	switch dt {
 	case tensor.F32:

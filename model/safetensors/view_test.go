@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -125,5 +126,80 @@ func TestView(t *testing.T) {
 	}
 	if _, ok, err := parsed.View("w", -1, 0, 1); ok || err != nil {
 		t.Errorf("View of a parsed buffer: ok=%v err=%v, want neither", ok, err)
+	}
+}
+
+// TestViewConcat: tensors stored one right after the other, in order, of one dtype and one
+// row shape, give their concatenation along dimension 0 as one view of the mapping; any other
+// list gives no view, a missing tensor an error naming it.
+func TestViewConcat(t *testing.T) {
+	mk := func(dt tensor.DType, base uint16, shape ...int) *tensor.Tensor {
+		x := tensor.New(dt, shape...)
+		for i := range x.Half {
+			x.Half[i] = base + uint16(i)
+		}
+		return x
+	}
+	ts := map[string]*tensor.Tensor{ // laid out a, b, c, d, e (one element size, by name)
+		"a": mk(tensor.BF16, 100, 2, 3),
+		"b": mk(tensor.BF16, 200, 1, 3),
+		"c": mk(tensor.F16, 300, 2, 3),
+		"d": mk(tensor.BF16, 400, 2, 4),
+		"e": mk(tensor.BF16, 500, 1, 4),
+	}
+	path := filepath.Join(t.TempDir(), "c.safetensors")
+	if err := Write(path, ts); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.fd == nil {
+		t.Skip("the file is not memory-mapped here")
+	}
+	for _, tc := range []struct {
+		names []string
+		shape []int // nil: no view
+	}{
+		{[]string{"a", "b"}, []int{3, 3}},
+		{[]string{"d", "e"}, []int{3, 4}},
+		{[]string{"a"}, []int{2, 3}},
+		{[]string{"b", "a"}, nil},      // out of order
+		{[]string{"b", "c"}, nil},      // dtypes differ
+		{[]string{"c", "d"}, nil},      // rows differ
+		{[]string{"a", "b", "d"}, nil}, // c lies between
+		{nil, nil},
+	} {
+		t.Run(strings.Join(tc.names, ","), func(t *testing.T) {
+			v, ok, err := f.ViewConcat(tc.names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != (tc.shape != nil) {
+				t.Fatalf("ViewConcat ok = %v, want %v", ok, tc.shape != nil)
+			}
+			if !ok {
+				return
+			}
+			var want []uint16
+			for _, n := range tc.names {
+				want = append(want, ts[n].Half...)
+			}
+			if !slices.Equal(v.Shape, tc.shape) || !slices.Equal(v.Half, want) || v.DType != ts[tc.names[0]].DType {
+				t.Errorf("view %s%v %v, want %v %v", v.DType, v.Shape, v.Half, tc.shape, want)
+			}
+			raw, _ := f.Raw(tc.names[0])
+			if unsafe.Pointer(&v.Half[0]) != unsafe.Pointer(&raw[0]) {
+				t.Error("the view is not the mapping's memory")
+			}
+		})
+	}
+	if _, _, err := f.ViewConcat([]string{"a", "zz"}); err == nil || !strings.Contains(err.Error(), `"zz"`) {
+		t.Errorf("ViewConcat of a missing tensor: %v, want an error naming it", err)
+	}
+	f.Close()
+	if _, _, err := f.ViewConcat([]string{"a", "b"}); !errors.Is(err, ErrClosed) {
+		t.Errorf("ViewConcat after Close: %v, want ErrClosed", err)
 	}
 }
