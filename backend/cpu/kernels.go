@@ -15,12 +15,13 @@ import (
 //	avx2      Go assembly (kernels_amd64.s) for CPUs with AVX2 and FMA: eight lanes per
 //	          output, fused multiply-adds; in every amd64 build, GOEXPERIMENT=simd or not
 //	          (not with the purego tag)
+//	avx512    Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F: avx2's arithmetic
+//	          with 16 lanes (other rounding); the default where the CPU has AVX-512F
 //	avx512bf16  Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F, AVX-512BW and
 //	          AVX512_BF16: bf16 weights meet x rounded to bf16 in VDPBF16PS, 16 lanes per
-//	          output (kernels_avx512_amd64.go); changes numerics (x's rounding), so it runs
-//	          by default only where the CPU has AVX512_BF16; f32 and f16 weights as avx2
-//	avx512    Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F: avx2's arithmetic
-//	          with 16 lanes (other rounding); listed after avx2, so it runs only when forced
+//	          output (kernels_avx512_amd64.go); changes numerics (x's rounding: past the HF
+//	          parity tolerances), so it runs only when LOOM_CPU_KERNELS names it; f32 and f16
+//	          weights as avx2
 //
 // The best set the CPU supports runs unless LOOM_CPU_KERNELS names another; a name this
 // build lacks or this CPU cannot run is reported and the default runs instead. The first
@@ -53,6 +54,10 @@ type bf16Path struct {
 	// absolute products behind it (for the tests' tolerances).
 	relErr float64
 }
+
+// bf16Stride is the length of a row of x rounded to bf16 (bf16Path.round of the avx512bf16
+// set): K rounded up to the 32 elements of a VDPBF16PS block.
+func bf16Stride(K int) int { return (K + 31) &^ 31 }
 
 // u16Pool recycles uint16 scratch buffers (x rounded to bf16).
 var u16Pool sync.Pool

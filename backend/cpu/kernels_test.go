@@ -217,30 +217,32 @@ func TestKernelSetForced(t *testing.T) {
 }
 
 // TestKernelSetsDetected holds the list of sets to the CPU (as /proc/cpuinfo reports its
-// features), unless the purego tag is set: with AVX-512F, AVX-512BW and AVX512_BF16 the
-// avx512bf16 set is there and the default; with AVX2 and FMA the avx2 set is there, and the
-// default if avx512bf16 is not.
+// features), unless the purego tag is set: with AVX-512F the avx512 set is there and the
+// default; with AVX-512F, AVX-512BW and AVX512_BF16 the avx512bf16 set is there, never the
+// default; with AVX2 and FMA the avx2 set is there, and the default if avx512 is not.
 func TestKernelSetsDetected(t *testing.T) {
 	flags := cpuinfoFlags(t)
 	if runtime.GOARCH != "amd64" || flags == nil {
 		t.Skipf("sets %v", kernelSetNames())
 	}
 	names := kernelSetNames()
-	bf16 := flags["avx512f"] && flags["avx512bw"] && flags["avx512_bf16"] && !purego
-	switch {
-	case bf16:
-		if names[0] != "avx512bf16" {
-			t.Errorf("sets %v on a CPU with AVX-512F, AVX-512BW and AVX512_BF16: want avx512bf16 first", names)
-		}
-	case slices.Contains(names, "avx512bf16"):
-		t.Errorf("sets %v: avx512bf16 listed on a CPU without AVX-512F, AVX-512BW and AVX512_BF16 (or in a purego build)", names)
+	avx512 := flags["avx512f"] && !purego
+	bf16 := avx512 && flags["avx512bw"] && flags["avx512_bf16"]
+	if has := slices.Contains(names, "avx512bf16"); has != bf16 {
+		t.Errorf("sets %v: avx512bf16 listed %v, the CPU has AVX-512F, AVX-512BW and AVX512_BF16 %v (purego %v)", names, has, bf16, purego)
 	}
-	if has := slices.Contains(names, "avx512"); has != (flags["avx512f"] && !purego) {
+	if slices.Index(names, "avx512bf16") == 0 {
+		t.Errorf("sets %v: avx512bf16 is the default; it must be chosen with %s only", names, kernelEnv)
+	}
+	if has := slices.Contains(names, "avx512"); has != avx512 {
 		t.Errorf("sets %v: avx512 listed %v, the CPU has AVX-512F %v (purego %v)", names, has, flags["avx512f"], purego)
 	}
+	if avx512 && names[0] != "avx512" {
+		t.Errorf("sets %v on a CPU with AVX-512F: want avx512 first", names)
+	}
 	if flags["avx2"] && flags["fma"] && !purego {
-		if i := slices.Index(names, "avx2"); i < 0 || !bf16 && i != 0 {
-			t.Errorf("sets %v on a CPU with AVX2 and FMA: want avx2 listed, first unless avx512bf16 is", names)
+		if i := slices.Index(names, "avx2"); i < 0 || !avx512 && i != 0 {
+			t.Errorf("sets %v on a CPU with AVX2 and FMA: want avx2 listed, first unless avx512 is", names)
 		}
 	} else if slices.Contains(names, "avx2") {
 		t.Errorf("sets %v: avx2 listed on a CPU without AVX2 and FMA (or in a purego build)", names)
