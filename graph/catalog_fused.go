@@ -224,7 +224,7 @@ func init() {
 		},
 	})
 	Register(&OpSpec{
-		Name: "qkv_norm_rope", Doc: "qkv_rope with a per-head RMSNorm of q and k before the rotation (Qwen3, OLMo-2 style q_norm and k_norm): x[B,S,(H+2*KV)*D] laid out as heads, q's heads normalised with q_norm[D] and k's with k_norm[D] as op rmsnorm does, then q and k rotated at positions[B,S] as op rope does. Returns q[B,H,S,D] and k[B,KV,S,D] of the norms' result dtype, v[B,KV,S,D] of x's dtype.",
+		Name: "qkv_norm_rope", Doc: "qkv_rope with a per-head RMSNorm of q and k before the rotation (Qwen3, OLMo-2 style q_norm and k_norm): x[B,S,(H+2*KV)*D] laid out as heads, q's heads normalised with q_norm[D] and k's with k_norm[D] as op rmsnorm does, then q and k rotated at positions[B,S] as op rope does. q_norm and k_norm have one dtype. Returns q[B,H,S,D] and k[B,KV,S,D] of promote(norm, x), v[B,KV,S,D] of x's dtype.",
 		Inputs: []string{"x", "q_norm", "k_norm", "positions"},
 		Attrs:  append(qkvRoPEAttrs(), AttrSpec{Name: "eps", Type: AttrFloat, Doc: "the norms' epsilon"}),
 		Infer: func(n *Node) ([]Type, error) {
@@ -240,6 +240,9 @@ func init() {
 				if ts[i].DType, err = Promote(w.DType, ts[i].DType); err != nil {
 					return nil, err
 				}
+			}
+			if inType(n, 1).DType != inType(n, 2).DType {
+				return nil, fmt.Errorf("q_norm is %s and k_norm %s: the norms must have one dtype", inType(n, 1).DType, inType(n, 2).DType)
 			}
 			return ts, nil
 		},

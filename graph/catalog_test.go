@@ -435,8 +435,9 @@ func packedInferCases() []inferCase {
 
 		{op: "qkv_norm_rope", in: []Type{ty(bf16, "B", "S", 64), ty(bf16, 8), ty(bf16, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}),
 			want: []Type{ty(bf16, "B", 4, "S", 8), ty(bf16, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
-		{op: "qkv_norm_rope", in: []Type{ty(bf16, "B", "S", 64), ty(f32t, 8), ty(bf16, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}),
-			want: []Type{ty(f32t, "B", 4, "S", 8), ty(bf16, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
+		{op: "qkv_norm_rope", in: []Type{ty(bf16, "B", "S", 64), ty(f32t, 8), ty(f32t, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}),
+			want: []Type{ty(f32t, "B", 4, "S", 8), ty(f32t, "B", 2, "S", 8), ty(bf16, "B", 2, "S", 8)}},
+		{op: "qkv_norm_rope", in: []Type{ty(bf16, "B", "S", 64), ty(bf16, 8), ty(f32t, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "the norms must have one dtype"},
 		{op: "qkv_norm_rope", in: []Type{ty(f32t, "B", "S", 64), ty(f32t, 4), ty(f32t, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "q_norm: norm weight [4] does not fit"},
 		{op: "qkv_norm_rope", in: []Type{ty(f32t, "B", "S", 64), ty(f32t, 8), ty(i32, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "k_norm: norm needs float operands"},
 		{op: "qkv_norm_rope", in: []Type{ty(f32t, "B", "S", 56), ty(f32t, 8), ty(f32t, 8), ty(i32, "B", "S")}, attrs: qkv(4, 2, Attrs{"eps": 1e-6}), err: "last axis 56 is not (4+2*2)*8"},

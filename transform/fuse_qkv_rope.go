@@ -19,10 +19,10 @@ var FuseQKVRoPE = &Transform{
 split of x[B,S,(H+2*KV)*D] along its last axis into sizes H*D, KV*D and KV*D, the reshape
 of each part to [B,S,heads,D], the transpose of each to [B,heads,S,D] (perm [0,2,1,3]) and
 the rope of the q and k parts. qkv_rope's v output replaces the v transpose. Where an
-rmsnorm over each head of q and of k (Qwen3's q_norm and k_norm, one eps) sits between the
-reshapes and the transposes, the op made is qkv_norm_rope, which takes the two norm weights.
-Every value in between must have no other reader and be no graph output, and nothing else
-may sit between the steps. Run after fuse_gemms, which makes the split, and after sharding,
+rmsnorm over each head of q and of k (Qwen3's q_norm and k_norm, one eps and one weight
+dtype) sits between the reshapes and the transposes, the op made is qkv_norm_rope, which
+takes the two norm weights. Every value in between must have no other reader and be no
+graph output, and nothing else may sit between the steps. Run after fuse_gemms, which makes the split, and after sharding,
 so that the head counts are the rank's own. Matches counts the nodes made, one per layer.`,
 	After: []Dep{
 		{FuseGEMMs, "fuse_gemms makes the split of the fused q/k/v linear that fuse_qkv_rope replaces"},
@@ -155,7 +155,8 @@ func (q *qkvRoPEPattern) check(g *graph.Graph, m *pattern.Match, users map[*grap
 	if q.nq != nil {
 		nq, nk := m.Node(q.nq), m.Node(q.nk)
 		eps = nq.Attrs.Float("eps")
-		if nk.Attrs.Float("eps") != eps || !shapeIs(m.Get(q.wq).Type.Shape, graph.D(D)) || !shapeIs(m.Get(q.wk).Type.Shape, graph.D(D)) {
+		wq, wk := m.Get(q.wq).Type, m.Get(q.wk).Type
+		if nk.Attrs.Float("eps") != eps || wq.DType != wk.DType || !shapeIs(wq.Shape, graph.D(D)) || !shapeIs(wk.Shape, graph.D(D)) {
 			return nil
 		}
 		inner = append(inner, m.Get(q.nq), m.Get(q.nk))

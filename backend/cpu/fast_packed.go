@@ -7,19 +7,39 @@ import (
 	"github.com/loom-ml/loom/tensor"
 )
 
-// Fast kernels of the fused ops over packed projections (qkv_rope, swiglu_packed): the
-// arithmetic of fastRope and fastSwiGLU (rotateRow, ropeTables, swigluRow), reading the parts
+// Fast kernels of the fused ops over packed projections (qkv_rope, qkv_norm_rope,
+// swiglu_packed): the arithmetic of fastRMSNorm, fastRope and fastSwiGLU (rotateRow, ropeTables, swigluRow), reading the parts
 // of the packed input in place instead of split copies, so the results are the same bits.
 
 // fastQKVRoPE: x[B,S,(H+2*KV)*D] and positions[B,S] -> q[B,H,S,D], k[B,KV,S,D] rotated as
-// fastRope rotates them, and v[B,KV,S,D] copied. Output rows (every (b, head, s) of q, k,
-// then v) are split over the worker pool; each reads its D elements of x in place.
+// fastRope rotates them, and v[B,KV,S,D] copied (packedRoPE).
 func fastQKVRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
 	if err := checkArgs(n, in, out, 2, 3); err != nil {
 		return nil, err
 	}
-	x, pos := in[0], in[1]
-	if err := checkFloats(n.Op, in[:1], out); err != nil {
+	return packedRoPE(n, in[0], in[1], nil, nil, out)
+}
+
+// fastQKVNormRoPE: qkv_norm_rope, fastQKVRoPE with each head of q normed by q_norm[D] and
+// of k by k_norm[D] as fastRMSNorm norms a row (packedRoPE).
+func fastQKVNormRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	if err := checkArgs(n, in, out, 4, 3); err != nil {
+		return nil, err
+	}
+	return packedRoPE(n, in[0], in[3], in[1], in[2], out)
+}
+
+// packedRoPE lays out x[B,S,(H+2*KV)*D] as q[B,H,S,D], k[B,KV,S,D] and v[B,KV,S,D], each
+// head of q and k normed first when qn and kn are given (normRow, rounded to the promotion
+// of the weights' dtype and x's, which q and k take) and rotated at positions[B,S] as
+// fastRope rotates it; v is copied. Output rows (every (b, head, s) of q, k, then v) are split over the worker pool;
+// each reads its D elements of x in place.
+func packedRoPE(n *graph.Node, x, pos, qn, kn *tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	floats := []*tensor.Tensor{x}
+	if qn != nil {
+		floats = append(floats, qn, kn)
+	}
+	if err := checkFloats(n.Op, floats, out); err != nil {
 		return nil, err
 	}
 	if len(pos.Shape) != 2 || !pos.DType.IsInt() {
@@ -31,11 +51,29 @@ func fastQKVRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 	half := len(invFreq)
 	D := 2 * half
 	if H < 1 || KV < 1 || half < 1 {
-		return nil, fmt.Errorf("qkv_rope needs heads, kv_heads and inverse frequencies >= 1, got %d, %d and %d", H, KV, half)
+		return nil, fmt.Errorf("%s needs heads, kv_heads and inverse frequencies >= 1, got %d, %d and %d", n.Op, H, KV, half)
 	}
 	W := (H + 2*KV) * D // x's last axis
 	if len(x.Shape) != 3 || x.Shape[0] != B || x.Shape[1] != S || x.Shape[2] != W {
 		return nil, fmt.Errorf("x %v does not fit positions %v with %d+2*%d heads of %d", x.Shape, pos.Shape, H, KV, D)
+	}
+	dts := [3]tensor.DType{x.DType, x.DType, x.DType}
+	var norms [2][]float32
+	if qn != nil {
+		for i, w := range []*tensor.Tensor{qn, kn} {
+			if len(w.Shape) != 1 || w.Shape[0] != D {
+				return nil, fmt.Errorf("norm weight %d %v does not fit heads of %d", i, w.Shape, D)
+			}
+			norms[i] = w.Float32s()
+			dt, err := graph.Promote(w.DType, x.DType)
+			if err != nil {
+				return nil, err
+			}
+			dts[i] = dt
+		}
+		if dts[1] != dts[0] {
+			return nil, fmt.Errorf("q_norm is %s and k_norm %s: the norms must have one dtype", qn.DType, kn.DType)
+		}
 	}
 	heads := [3]int{H, KV, KV}
 	res := make([]*tensor.Tensor, 3)
@@ -44,20 +82,21 @@ func fastQKVRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 		if err := checkShape(shape, out[i]); err != nil {
 			return nil, fmt.Errorf("output %d: %w", i, err)
 		}
-		if out[i].DType != x.DType {
-			return nil, fmt.Errorf("output %d is %s, want x's dtype %s", i, out[i].DType, x.DType)
+		if out[i].DType != dts[i] {
+			return nil, fmt.Errorf("output %d is %s, want %s", i, out[i].DType, dts[i])
 		}
-		res[i] = tensor.New(x.DType, shape...)
+		res[i] = tensor.New(dts[i], shape...)
 	}
 	if B*S == 0 {
 		return res, nil
 	}
-	cosT, sinT := ropeTables(pos, invFreq, n.Attrs.Float("scaling"), x.DType)
+	cosT, sinT := ropeTables(pos, invFreq, n.Attrs.Float("scaling"), dts[0])
+	eps := float32(n.Attrs.Float("eps"))
 	qRows, kRows, vRows := B*H*S, B*KV*S, B*KV*S
 	parallel(qRows+kRows+vRows, grainFor(qRows+kRows+vRows, 8*D, 1), func(lo, hi int) {
-		buf := getF32(2 * D)
+		buf := getF32(3 * D)
 		defer putF32(buf)
-		xb, yb := (*buf)[:D], (*buf)[D:]
+		xb, yb, nb := (*buf)[:D], (*buf)[D:2*D], (*buf)[2*D:]
 		for r := lo; r < hi; r++ {
 			part, row, first := 0, r, 0 // first: the part's first head on x's last axis
 			switch {
@@ -73,8 +112,16 @@ func fastQKVRoPE(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 				tensor.CopyRange(res[2], row*D, x, src, D)
 				continue
 			}
+			xr := rowF32(x, src, D, xb)
+			if qn != nil {
+				normRow(nb, xr, norms[part], eps, x.DType)
+				for i, v := range nb {
+					nb[i] = roundF32(dts[part], v)
+				}
+				xr = nb
+			}
 			t := (b*S + s) * half
-			rotateRow(yb, rowF32(x, src, D, xb), cosT[t:t+half], sinT[t:t+half], x.DType)
+			rotateRow(yb, xr, cosT[t:t+half], sinT[t:t+half], dts[part])
 			storeRow(res[part], row*D, yb)
 		}
 	})
@@ -155,6 +202,7 @@ func fastLinearThen(op string) Kernel {
 
 func init() {
 	Register("qkv_rope", fastQKVRoPE)
+	Register("qkv_norm_rope", fastQKVNormRoPE)
 	Register("swiglu_packed", fastSwiGLUPacked)
 	Register("linear_swiglu", fastLinearThen("swiglu_packed"))
 	Register("linear_qkv_rope", fastLinearThen("qkv_rope"))

@@ -120,6 +120,46 @@ func TestFastQKVRoPE(t *testing.T) {
 	}
 }
 
+// qkv_norm_rope's fast kernel gives the bits of its decomposition (split, rmsnorm of each
+// head, layout, rope) for every dtype of x and of the norm weights, including bf16 x with
+// f32 weights, where q and k come out in f32 beside a bf16 v.
+func TestFastQKVNormRoPE(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 12))
+	for _, tc := range []struct {
+		B, S, H, KV, D int
+		scaling        float64
+	}{
+		{1, 1, 1, 1, 2, 1},    // decode, one head each
+		{1, 1, 32, 4, 128, 1}, // a Qwen3-30B-A3B decode token
+		{2, 7, 6, 2, 16, 0.7}, // GQA, scaled
+		{1, 9, 3, 3, 10, 1},   // MHA, D/2 odd
+		{2, 0, 2, 1, 4, 1},    // no tokens
+	} {
+		for _, dts := range [][3]tensor.DType{{tensor.F32, tensor.F32, tensor.F32}, {tensor.F32, tensor.BF16, tensor.BF16},
+			{tensor.BF16, tensor.BF16, tensor.BF16}, {tensor.BF16, tensor.F32, tensor.F32},
+			{tensor.F16, tensor.F16, tensor.F16}} {
+			name := fmt.Sprintf("x %s q_norm %s k_norm %s B%d S%d H%d KV%d D%d", dts[0], dts[1], dts[2], tc.B, tc.S, tc.H, tc.KV, tc.D)
+			t.Run(name, func(t *testing.T) {
+				W := (tc.H + 2*tc.KV) * tc.D
+				x := randTensor(rng, dts[0], []int{tc.B, tc.S, W}, -3, 3)
+				qn, kn := randTensor(rng, dts[1], []int{tc.D}, 0.2, 2), randTensor(rng, dts[2], []int{tc.D}, 0.2, 2)
+				pos := randTensor(rng, tensor.I64, []int{tc.B, tc.S}, 0, 9000)
+				inv := make([]float64, tc.D/2)
+				for i := range inv {
+					inv[i] = float64(float32(math.Pow(1000000, -float64(2*i)/float64(tc.D))))
+				}
+				attrs := graph.Attrs{"heads": tc.H, "kv_heads": tc.KV, "inv_freq": inv, "scaling": tc.scaling, "eps": 1e-6}
+				got := runOn(t, fastQKVNormRoPE, "qkv_norm_rope", attrs, x, qn, kn, pos)
+				ref, _ := Reference("qkv_norm_rope")
+				sameBits(t, "fast vs reference", got, runOn(t, ref, "qkv_norm_rope", attrs, x, qn, kn, pos))
+				if tc.S > 0 && got[0].Float32s()[0] == layOut(x, 0, tc.H, tc.D).Float32s()[0] {
+					t.Errorf("q came out as laid out, neither normed nor rotated")
+				}
+			})
+		}
+	}
+}
+
 func TestFastSwiGLUPacked(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 17))
 	for _, shape := range [][]int{{2}, {1, 1, 14}, {3, 5, 1002}, {2, 2 * 2049}, {1, 1, 2 * 2500}, {0, 8}} {

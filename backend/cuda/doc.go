@@ -31,6 +31,7 @@
 //	Rope               q[B,H,S,D], k[B,KV,S,D], positions[B,S], inv_freq f32[D/2] -> q', k'
 //	SDPA               causal GQA attention, flash style (online softmax, sliding window), D <= 256
 //	QKVRoPE            packed q|k|v projections -> q, k (rotated), v as heads (graph op qkv_rope)
+//	QKVNormRoPE        QKVRoPE with q's and k's heads RMS-normed first (Qwen3; graph op qkv_norm_rope)
 //	SwiGLU             silu(gate) * up; SwiGLUPacked on packed gate|up (graph op swiglu_packed)
 //	Linear             x[...,K] @ w[N,K]ᵀ: the decode GEMV for few rows, else cuBLAS (bf16 or f32, f32 accumulation)
 //	LinearSwiGLU       linear then swiglu_packed, the activation in the GEMV's epilogue (graph op linear_swiglu)
