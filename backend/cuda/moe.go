@@ -48,9 +48,28 @@ var moeFuseDecode = true
 type moeTiles struct{ GateP, GateU, DownR, DownU int }
 
 var (
-	moeTokenTiles = moeTiles{1, 4, 1, 4} // one token (MT 1)
-	moeBatchTiles = moeTiles{1, 2, 2, 2} // more (MT 8)
+	moeTokenTiles = moeTiles{1, 4, 1, 4}                             // one token (MT 1)
+	moeBatchTiles = moeTilesFromEnv(moeTiles{1, 2, 2, 2}, os.Getenv) // more (MT 8)
 )
+
+// moeTilesFromEnv reads LOOM_CUDA_MOE_TILES ("GateP,GateU,DownR,DownU", one of the tilings
+// MOE_KERNELS instantiates) to measure another tiling of many tokens; def otherwise.
+func moeTilesFromEnv(def moeTiles, getenv func(string) string) moeTiles {
+	var t moeTiles
+	if _, err := fmt.Sscanf(getenv("LOOM_CUDA_MOE_TILES"), "%d,%d,%d,%d", &t.GateP, &t.GateU, &t.DownR, &t.DownU); err != nil {
+		return def
+	}
+	for _, v := range moeBatchTilings {
+		if v == t {
+			return t
+		}
+	}
+	return def
+}
+
+// moeBatchTilings are the tilings of many tokens MOE_KERNELS instantiates (pairs of its
+// MOE_GATE_UP and MOE_DOWN of MT 8).
+var moeBatchTilings = []moeTiles{{1, 2, 2, 2}, {1, 4, 4, 1}, {2, 2, 4, 2}, {4, 1, 8, 1}}
 
 // moeSteps is the number of moe's launches a call runs, in order router, routing, gate/up,
 // down, combine (5: all); the timing test lowers it to time the steps one by one.

@@ -352,8 +352,11 @@ func TestMoETimings(t *testing.T) {
 		path  string
 		tiles moeTiles
 	}
-	variants := []variant{{"gemv", moeBatchTiles}, {"gemv", moeTiles{1, 4, 4, 1}}, {"gemv", moeTiles{2, 2, 4, 2}},
-		{"gemv", moeTiles{4, 1, 8, 1}}, {"mma", moeBatchTiles}}
+	var variants []variant
+	for _, tl := range moeBatchTilings {
+		variants = append(variants, variant{"gemv", tl})
+	}
+	variants = append(variants, variant{"mma", moeBatchTiles})
 	for _, T := range []int{1, 2, 8, 32, 64, 128, 256} {
 		xs := make([]*Tensor, nx)
 		for i := range xs {
@@ -389,6 +392,27 @@ func TestMoETimings(t *testing.T) {
 				prev = full
 			}
 			t.Logf("%s = %.1f µs; experts %.0f (%.0f MB): %.0f GB/s", line, full, experts, experts*3*I*H*2/1e6, experts*3*I*H*2/full/1e3)
+		}
+	}
+}
+
+// LOOM_CUDA_MOE_TILES picks one of the instantiated tilings; anything else keeps the default.
+func TestMoETilesFromEnv(t *testing.T) {
+	def := moeTiles{1, 2, 2, 2}
+	for _, c := range []struct {
+		env  string
+		want moeTiles
+	}{
+		{"", def},
+		{"2,2,4,2", moeTiles{2, 2, 4, 2}},
+		{"4,1,8,1", moeTiles{4, 1, 8, 1}},
+		{"3,1,8,1", def}, // not instantiated
+		{"2,2", def},
+		{"a,b,c,d", def},
+	} {
+		got := moeTilesFromEnv(def, func(string) string { return c.env })
+		if got != c.want {
+			t.Errorf("LOOM_CUDA_MOE_TILES=%q: %+v, want %+v", c.env, got, c.want)
 		}
 	}
 }
