@@ -461,11 +461,18 @@ func fastSwiGLU(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 
 // swigluRow writes silu(gr[i]) * ur[i] to dst: silu in float64 rounded to float32 and then to
 // gdt, the gate's dtype, as the decomposition's silu node stores it; the product in float32.
+// dst must not overlap gr or ur.
 func swigluRow(dst, gr, ur []float32, gdt tensor.DType) {
 	ur, dst = ur[:len(gr)], dst[:len(gr)]
-	for i, x := range gr {
-		s := roundF32(gdt, float32(float64(x)/(1+math.Exp(-float64(x)))))
-		dst[i] = s * ur[i]
+	siluF32(dst, gr)
+	if gdt == tensor.F32 {
+		for i, u := range ur {
+			dst[i] *= u
+		}
+		return
+	}
+	for i, u := range ur {
+		dst[i] = roundF32(gdt, dst[i]) * u
 	}
 }
 
