@@ -18,7 +18,10 @@ import (
 // table: no per-token gathered copy of the sequence, and no repeated K/V for GQA. One unit of
 // work is a token, a KV head and a group of the query heads sharing that KV head; each key
 // and value row is read (and widened from bf16 or f16, four rows at a time) once per unit
-// and serves all the unit's heads. Units are split over the shared worker pool.
+// and serves all the unit's heads. Units are split over the shared worker pool. On CPUs
+// with AVX2 the dot products and the sums of values run in assembly (attention_amd64.s):
+// eight heads or eight dimensions a vector, each lane summed in the same order, products
+// and sums rounded as the Go loops round them (no fused multiply-add).
 //
 // The numerics are the reference's, operation for operation: raw scores q·k summed in d
 // order in float32 and rounded to promote(q, cache), scaled in float32, softmax in float64
@@ -70,11 +73,12 @@ func (a *pagedArgs) fastAttend(o Out) *tensor.Tensor {
 		if half {
 			rowBuf = 4 * a.D
 		}
-		buf := getF32(hs*maxLen + hs*a.D + rowBuf)
+		buf := getF32(hs*maxLen + hs*a.D + rowBuf + 8*a.D)
 		defer putF32(buf)
 		sc := (*buf)[:hs*maxLen]
 		acc := (*buf)[hs*maxLen : hs*maxLen+hs*a.D]
-		rows := (*buf)[hs*maxLen+hs*a.D:]
+		rows := (*buf)[hs*maxLen+hs*a.D : hs*maxLen+hs*a.D+rowBuf]
+		qT := (*buf)[hs*maxLen+hs*a.D+rowBuf:]
 		e := make([]float64, maxLen)
 		offs := make([]int, maxLen)
 		for u := first; u < last; u++ {
@@ -90,7 +94,7 @@ func (a *pagedArgs) fastAttend(o Out) *tensor.Tensor {
 				slot := int(row[p/bs])*a.BS + int(p%bs)
 				offs[j] = (slot*a.KV + g) * a.D
 			}
-			a.scores(sc, qs, t, h0, hs, offs[:L], rows)
+			a.scores(sc, qs, t, h0, hs, offs[:L], rows, qT)
 			for r := range hs {
 				softmaxRow(sc[r*maxLen:r*maxLen+L], e[:L], a.scale, sdt, pdt)
 			}
@@ -119,11 +123,34 @@ func cacheRows(t *tensor.Tensor, D, o0, o1, o2, o3 int, buf []float32) (r0, r1, 
 }
 
 // scores sets sc[r*stride+j], for the hs query heads h0.. of token t, to the raw dot
-// product of the query row with the key row at offs[j], each summed in d order.
-func (a *pagedArgs) scores(sc, qs []float32, t, h0, hs int, offs []int, rows []float32) {
+// product of the query row with the key row at offs[j], each summed in d order. With the
+// AVX kernels, four keys at a time meet up to eight heads, one head a lane (qT [8*D] is
+// scratch for the heads' rows, transposed).
+func (a *pagedArgs) scores(sc, qs []float32, t, h0, hs int, offs []int, rows, qT []float32) {
 	D, S := a.D, a.S
 	stride := len(sc) / hs
 	j := 0
+	if haveAttnKernels && len(offs) >= 4 && D > 0 {
+		var out [32]float32
+		qT = qT[:8*D]
+		for r0 := 0; r0 < hs; r0 += 8 {
+			lanes := min(8, hs-r0)
+			clear(qT)
+			for l := range lanes {
+				for e, x := range qs[((h0+r0+l)*S+t)*D : ((h0+r0+l)*S+t+1)*D] {
+					qT[e*8+l] = x
+				}
+			}
+			for j = 0; j+4 <= len(offs); j += 4 {
+				k0, k1, k2, k3 := cacheRows(a.kc, D, offs[j], offs[j+1], offs[j+2], offs[j+3], rows)
+				attnScores4(&qT[0], &k0[0], &k1[0], &k2[0], &k3[0], D, &out)
+				for l := range lanes {
+					s := sc[(r0+l)*stride+j : (r0+l)*stride+j+4]
+					s[0], s[1], s[2], s[3] = out[l], out[8+l], out[16+l], out[24+l]
+				}
+			}
+		}
+	}
 	for ; j+4 <= len(offs); j += 4 {
 		k0, k1, k2, k3 := cacheRows(a.kc, D, offs[j], offs[j+1], offs[j+2], offs[j+3], rows)
 		r := 0
@@ -172,6 +199,12 @@ func (a *pagedArgs) sumValues(acc, p []float32, stride, hs int, offs []int, rows
 	D := a.D
 	clear(acc)
 	j := 0
+	if haveAttnKernels && D > 0 && D%8 == 0 {
+		for ; j+4 <= len(offs); j += 4 {
+			v0, v1, v2, v3 := cacheRows(a.vc, D, offs[j], offs[j+1], offs[j+2], offs[j+3], rows)
+			attnSumValues4(&acc[0], &p[j], stride, hs, &v0[0], &v1[0], &v2[0], &v3[0], D)
+		}
+	}
 	for ; j+4 <= len(offs); j += 4 {
 		v0, v1, v2, v3 := cacheRows(a.vc, D, offs[j], offs[j+1], offs[j+2], offs[j+3], rows)
 		v1, v2, v3 = v1[:len(v0)], v2[:len(v0)], v3[:len(v0)]
