@@ -9,8 +9,9 @@ import (
 )
 
 // TestFastBinaryBits holds the fast add, sub and mul to the reference kernel bit for bit:
-// every float dtype pairing, shapes under and over a chunk and the parallel grain, and the
-// broadcast shapes that go to the reference.
+// every float dtype pairing, shapes under and over a chunk and the parallel grain, rows
+// repeated over leading dimensions on either side, and the broadcasts that go to the
+// reference.
 func TestFastBinaryBits(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, op := range []string{"add", "sub", "mul"} {
