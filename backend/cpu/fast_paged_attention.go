@@ -183,10 +183,18 @@ func softmaxRow(sc []float32, e []float64, scale float32, sdt, pdt tensor.DType)
 		sc[j] = s
 		m = max(m, float64(s))
 	}
+	var x [64]float64 // float64(s) - m, a chunk at a time for expF64 (math.Exp's bits)
 	var sum float64
-	for j, s := range sc {
-		e[j] = math.Exp(float64(s) - m)
-		sum += e[j]
+	e = e[:len(sc)]
+	for c := 0; c < len(sc); c += len(x) {
+		xs := x[:min(len(x), len(sc)-c)]
+		for j := range xs {
+			xs[j] = float64(sc[c+j]) - m
+		}
+		expF64(e[c:c+len(xs)], xs)
+	}
+	for _, v := range e {
+		sum += v
 	}
 	for j := range sc {
 		sc[j] = roundF32(pdt, float32(e[j]/sum))

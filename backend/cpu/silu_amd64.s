@@ -62,17 +62,10 @@ GLOBL siluconst<>(SB), RODATA, $608
 #define CABS32 siluconst<>+544(SB)
 #define CLIMIT32 siluconst<>+576(SB)
 
-// SILU4 computes four lanes: src (a memory operand of 4 float32) into dst (same), using
-// XS (x as float32), XM (its range mask, ORed into X15), XD (x), XE (the exponential), XP
-// (polynomial, temporaries), XK/XKS (the exponent: an xmm and its ymm) and XO (the result).
-// Lanes outside the range store x itself, for the caller to recompute.
-#define SILU4(src, dst, XS, XM, XD, XE, XP, XK, XKS, XO) \
-	VMOVUPS src, XS; \
-	VANDPS CABS32, XS, XM; \
-	VCMPPS $5, CLIMIT32, XM, XM; \
-	VORPS XM, X15, X15; \
-	VCVTPS2PD XS, XD; \
-	VXORPD CSIGN, XD, XE; \
+// EXP4 sets XE (four float64 lanes) to math.Exp of itself, for lanes of |x| < 708 (math.Exp's
+// FMA path, instruction for instruction), using XP (temporaries) and XK/XKS (the exponent:
+// an xmm and its ymm).
+#define EXP4(XE, XP, XK, XKS) \
 	VMULPD CLOG2E, XE, XP; \
 	VCVTPD2DQY XP, XK; \
 	VCVTDQ2PD XK, XP; \
@@ -99,12 +92,63 @@ GLOBL siluconst<>(SB), RODATA, $608
 	VPMOVSXDQ XK, XKS; \
 	VPADDQ CBIAS, XKS, XKS; \
 	VPSLLQ $52, XKS, XKS; \
-	VMULPD XKS, XE, XE; \
+	VMULPD XKS, XE, XE
+
+// SILU4 computes four lanes: src (a memory operand of 4 float32) into dst (same), using
+// XS (x as float32), XM (its range mask, ORed into X15), XD (x), XE (the exponential), XP
+// (polynomial, temporaries), XK/XKS (the exponent: an xmm and its ymm) and XO (the result).
+// Lanes outside the range store x itself, for the caller to recompute.
+#define SILU4(src, dst, XS, XM, XD, XE, XP, XK, XKS, XO) \
+	VMOVUPS src, XS; \
+	VANDPS CABS32, XS, XM; \
+	VCMPPS $5, CLIMIT32, XM, XM; \
+	VORPS XM, X15, X15; \
+	VCVTPS2PD XS, XD; \
+	VXORPD CSIGN, XD, XE; \
+	EXP4(XE, XP, XK, XKS); \
 	VADDPD C1, XE, XE; \
 	VDIVPD XE, XD, XE; \
 	VCVTPD2PSY XE, XO; \
 	VBLENDVPS XM, XS, XO, XO; \
 	VMOVUPS XO, dst
+
+// EXPPD4 sets dst (a memory operand of 4 float64) to math.Exp of src (same), with XM the
+// range mask (ORed into Y15).
+#define EXPPD4(src, dst, XE, XM, XP, XK, XKS) \
+	VMOVUPD src, XE; \
+	VANDPD CABS, XE, XM; \
+	VCMPPD $5, CLIMIT, XM, XM; \
+	VORPD XM, Y15, Y15; \
+	EXP4(XE, XP, XK, XKS); \
+	VMOVUPD XE, dst
+
+// func expAVX2(dst, src *float64, n int) (outside int)
+// dst[i] = math.Exp(src[i]) for i < n (a multiple of 4); dst and src must not overlap.
+// outside has bit l set when some src at an index = l mod 4 has |x| >= 708 or is NaN: those
+// dst elements are garbage.
+TEXT ·expAVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VXORPD Y15, Y15, Y15
+eloop8:
+	CMPQ CX, $8
+	JL etail4
+	EXPPD4((SI), (DI), Y0, Y1, Y2, X3, Y3)
+	EXPPD4(32(SI), 32(DI), Y5, Y6, Y7, X8, Y8)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $8, CX
+	JMP eloop8
+etail4:
+	CMPQ CX, $4
+	JL edone
+	EXPPD4((SI), (DI), Y0, Y1, Y2, X3, Y3)
+edone:
+	VMOVMSKPD Y15, AX
+	MOVQ AX, outside+24(FP)
+	VZEROUPPER
+	RET
 
 // func siluAVX2(dst, src *float32, n int) (outside int)
 // n is a multiple of 4; dst may be src. outside has bit l set when some element at an index

@@ -76,3 +76,40 @@ func BenchmarkSilu(b *testing.B) {
 		}
 	})
 }
+
+// TestExpF64Bits holds expF64 to math.Exp bit for bit: softmax's range (x <= 0, down past
+// exp's normal range), both signs, exp's edges, specials, lengths 0 to 19.
+func TestExpF64Bits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	specials := []float64{0, math.Copysign(0, -1), 707.9, -707.9, 708, -708, 709.7, 709.8, -745, -746,
+		1e300, -1e300, math.Inf(1), math.Inf(-1), math.NaN(), 5e-324}
+	for _, c := range []struct {
+		name string
+		gen  func() float64
+	}{
+		{"softmax", func() float64 { return -30 * rng.Float64() }},
+		{"wide", func() float64 { return 1400*rng.Float64() - 700 }},
+		{"edge", func() float64 { return 1500*rng.Float64() - 750 }},
+		{"specials", func() float64 { return specials[rng.IntN(len(specials))] }},
+		{"bits", func() float64 { return math.Float64frombits(rng.Uint64()) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for n := range 20 {
+				for range 200 {
+					src := make([]float64, n)
+					for i := range src {
+						src[i] = c.gen()
+					}
+					dst := make([]float64, n)
+					expF64(dst, src)
+					for i, x := range src {
+						want := math.Exp(x)
+						if math.Float64bits(dst[i]) != math.Float64bits(want) && !(want != want && dst[i] != dst[i]) {
+							t.Fatalf("n=%d: exp(%v) = %v, want %v", n, x, dst[i], want)
+						}
+					}
+				}
+			}
+		})
+	}
+}
