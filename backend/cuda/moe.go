@@ -49,7 +49,7 @@ type moeTiles struct{ GateP, GateU, DownR, DownU int }
 
 var (
 	moeTokenTiles = moeTiles{1, 4, 1, 4}                             // one token (MT 1)
-	moeBatchTiles = moeTilesFromEnv(moeTiles{1, 2, 2, 2}, os.Getenv) // more (MT 8)
+	moeBatchTiles = moeTilesFromEnv(moeTiles{4, 1, 4, 1}, os.Getenv) // more (MT 8)
 )
 
 // moeTilesFromEnv reads LOOM_CUDA_MOE_TILES ("GateP,GateU,DownR,DownU", one of the tilings
@@ -68,8 +68,11 @@ func moeTilesFromEnv(def moeTiles, getenv func(string) string) moeTiles {
 }
 
 // moeBatchTilings are the tilings of many tokens MOE_KERNELS instantiates (pairs of its
-// MOE_GATE_UP and MOE_DOWN of MT 8).
-var moeBatchTilings = []moeTiles{{1, 2, 2, 2}, {1, 4, 4, 1}, {2, 2, 4, 2}, {4, 1, 8, 1}}
+// MOE_GATE_UP and MOE_DOWN of MT 8; a warp's 32 lanes finish GateP or DownR outputs of 8
+// tokens, so neither is above 4). On one H200, Qwen3-30B-A3B's layer at 64 tokens (about 4
+// a chosen expert), gate/up and down took 329 + 188 µs with {1,2,2,2} and 282 + 155 µs with
+// {4,1,4,1}, the default (TestMoETimings, session 10).
+var moeBatchTilings = []moeTiles{{4, 1, 4, 1}, {1, 2, 2, 2}}
 
 // moeSteps is the number of moe's launches a call runs, in order router, routing, gate/up,
 // down, combine (5: all); the timing test lowers it to time the steps one by one.
@@ -218,9 +221,10 @@ func MoE(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 }
 
 // moeUseMMA reports whether the experts run on the tensor cores: bf16 x and weights, and
-// more than 8 rows per active expert on average (A assignments over at most min(A, L)
-// experts); fewer go through the grouped GEMV, which streams the weights at HBM speed for
-// up to 8 tokens a pass.
+// more than 4 rows per active expert on average (A assignments over at most min(A, L)
+// experts); fewer go through the grouped GEMV. On one H200 with Qwen3-30B-A3B's layer
+// (TestMoETimings, session 10) the GEMV took 473 µs at 64 tokens (4 a chosen expert) against
+// the tensor cores' 532, and 756 against 531 at 128 tokens.
 func moeUseMMA(x, w tensor.DType, A, L int) bool {
 	switch moePath {
 	case "gemv":
@@ -228,7 +232,7 @@ func moeUseMMA(x, w tensor.DType, A, L int) bool {
 	case "mma":
 		return x == tensor.BF16 && w == tensor.BF16
 	}
-	return x == tensor.BF16 && w == tensor.BF16 && A > 8*min(A, L)
+	return x == tensor.BF16 && w == tensor.BF16 && A > 4*min(A, L)
 }
 
 func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAttrs) error {

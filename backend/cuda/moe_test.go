@@ -172,20 +172,26 @@ func TestMoEMatchesCPU(t *testing.T) {
 			moeCase{T: 300, H: 96, I: 40, E: 16, L: 6, off: 5, k: 1, normalize: false, wd: tensor.BF16, act: act},
 		)
 	}
-	paths := []string{"", "gemv", "mma"}
+	type variant struct {
+		path  string
+		tiles moeTiles
+	}
+	variants := []variant{{"", moeBatchTiles}, {"mma", moeBatchTiles}}
+	for _, tl := range moeBatchTilings {
+		variants = append(variants, variant{"gemv", tl})
+	}
+	defer func(p string, tl moeTiles) { moePath, moeBatchTiles = p, tl }(moePath, moeBatchTiles)
 	for _, c := range cases {
 		in := moeInputs(rng, c)
 		want := cpuOp(t, "moe", c.attrs(), in...)[0]
 		scale := moeScale(c, in)
-		for _, path := range paths {
-			if path == "mma" && c.act != tensor.BF16 {
+		for _, v := range variants {
+			if v.path == "mma" && c.act != tensor.BF16 {
 				continue
 			}
-			prev := moePath
-			moePath = path
+			moePath, moeBatchTiles = v.path, v.tiles
 			got := runOp(t, d, "moe", c.attrs(), in...)[0]
-			moePath = prev
-			name := fmt.Sprintf("%v path=%q", c, path)
+			name := fmt.Sprintf("%v path=%q tiles %+v", c, v.path, v.tiles)
 			compare(t, "moe", name, got, want, moeTol(c.act, scale))
 			same, zeros := 0, 0
 			for i := range want.Numel() {
@@ -398,15 +404,15 @@ func TestMoETimings(t *testing.T) {
 
 // LOOM_CUDA_MOE_TILES picks one of the instantiated tilings; anything else keeps the default.
 func TestMoETilesFromEnv(t *testing.T) {
-	def := moeTiles{1, 2, 2, 2}
+	def := moeTiles{2, 2, 2, 2}
 	for _, c := range []struct {
 		env  string
 		want moeTiles
 	}{
 		{"", def},
-		{"2,2,4,2", moeTiles{2, 2, 4, 2}},
-		{"4,1,8,1", moeTiles{4, 1, 8, 1}},
-		{"3,1,8,1", def}, // not instantiated
+		{"4,1,4,1", moeTiles{4, 1, 4, 1}},
+		{"1,2,2,2", moeTiles{1, 2, 2, 2}},
+		{"4,1,8,1", def}, // not instantiated: 8 rows of 8 tokens do not fit a warp's lanes
 		{"2,2", def},
 		{"a,b,c,d", def},
 	} {

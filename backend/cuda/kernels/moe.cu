@@ -193,6 +193,7 @@ __device__ __forceinline__ void moe_swiglu_store(typename X::T* h, i64 i, float 
 template <int MT, int R, int U, class X, class W>
 __device__ __forceinline__ void moe_router_rows(typename X::T* logits, const typename X::T* x,
                                                 const typename W::T* router, int T, int E, int H) {
+  static_assert(R * MT <= 32, "a warp's lanes finish R rows of MT tokens");
   const int m0 = blockIdx.y * MT, n = min(MT, T - m0);
   const int e0 = moe_warp() * R;
   if (n > 0 && e0 < E) {
@@ -413,6 +414,7 @@ template <int MT, int P, int U, class X, class W>
 __device__ __forceinline__ void moe_gate_up_impl(typename X::T* h, const typename X::T* x,
                                                  const typename W::T* gate, const typename W::T* up, MoeMeta mm,
                                                  int H, int I) {
+  static_assert(P * MT <= 32, "a warp's lanes finish P outputs of MT tokens");
   pdl_begin();
   const int slot = blockIdx.y;
   if (slot >= mm.hdr[0]) return;
@@ -445,6 +447,7 @@ __device__ __forceinline__ void moe_gate_up_impl(typename X::T* h, const typenam
 template <int MT, int R, int U, class X, class W>
 __device__ __forceinline__ void moe_down_impl(typename X::T* y, const typename X::T* h, const typename W::T* down,
                                               MoeMeta mm, int H, int I) {
+  static_assert(R * MT <= 32, "a warp's lanes finish R rows of MT tokens");
   pdl_begin();
   const int slot = blockIdx.y;
   if (slot >= mm.hdr[0]) return;
@@ -800,14 +803,10 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
   MOE_ROUTER(X, xn, WR, wrn, 8, 1, 2)      \
   MOE_GATE_UP(X, xn, W, wn, 1, 1, 4)       \
   MOE_GATE_UP(X, xn, W, wn, 8, 1, 2)       \
-  MOE_GATE_UP(X, xn, W, wn, 8, 1, 4)       \
-  MOE_GATE_UP(X, xn, W, wn, 8, 2, 2)       \
   MOE_GATE_UP(X, xn, W, wn, 8, 4, 1)       \
   MOE_DOWN(X, xn, W, wn, 1, 1, 4)          \
   MOE_DOWN(X, xn, W, wn, 8, 2, 2)          \
   MOE_DOWN(X, xn, W, wn, 8, 4, 1)          \
-  MOE_DOWN(X, xn, W, wn, 8, 4, 2)          \
-  MOE_DOWN(X, xn, W, wn, 8, 8, 1)          \
   MOE_ROUTE(X, xn)                         \
   MOE_ROUTER_ROUTE(X, xn, WR, wrn, 1, 2)   \
   MOE_DOWN_COMBINE(X, xn, W, wn, 1)        \
