@@ -224,8 +224,9 @@ func MoE(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 // moeUseMMA reports whether the experts run on the tensor cores: bf16 x and weights, and
 // more than 4 rows per active expert on average (A assignments over at most min(A, L)
 // experts); fewer go through the grouped GEMV. On one H200 with Qwen3-30B-A3B's layer
-// (TestMoETimings, session 10) the GEMV took 473 µs at 64 tokens (4 a chosen expert) against
-// the tensor cores' 532, and 756 against 531 at 128 tokens.
+// (TestMoETimings, session 10), at 64 tokens (4 a chosen expert) the GEMV took 552 µs with
+// the default tiling and 473 with {4,1,4,1}, the tensor cores 532; at 128 tokens the GEMV
+// 962 or 756, the tensor cores 531.
 func moeUseMMA(x, w tensor.DType, A, L int) bool {
 	switch moePath {
 	case "gemv":
