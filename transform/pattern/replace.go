@@ -225,7 +225,21 @@ func checkReplacements(olds, outs []*graph.Value) error {
 // dying returns the candidates that nothing will use once the old values are replaced: every
 // output of theirs is an old value, or no graph output and read only by dying nodes.
 func dying(g *graph.Graph, cand map[*graph.Node]bool, isOld map[*graph.Value]bool) map[*graph.Node]bool {
-	users := g.Users()
+	// The readers of the candidates' outputs: the only users asked about below (a graph-wide
+	// g.Users() per rewrite made pattern rewrites quadratic in the graph's size).
+	users := make(map[*graph.Value][]*graph.Node, 2*len(cand))
+	for n := range cand {
+		for _, o := range n.Outputs {
+			users[o] = nil
+		}
+	}
+	for _, n := range g.Nodes {
+		for _, in := range n.Inputs {
+			if us, ok := users[in]; ok {
+				users[in] = append(us, n)
+			}
+		}
+	}
 	out := map[*graph.Node]bool{}
 	for i := len(g.Nodes) - 1; i >= 0; i-- {
 		n := g.Nodes[i]
@@ -311,14 +325,27 @@ func place(nodes []*graph.Node, pos map[*graph.Node]int, added []*graph.Node, ol
 
 // removeUnusedOf deletes the candidate nodes that nothing uses, last first.
 func removeUnusedOf(g *graph.Graph, cand map[*graph.Node]bool) {
-	uses := map[*graph.Value]int{}
+	if len(cand) == 0 {
+		return
+	}
+	// Uses of the candidates' outputs only: no other value's count is read below.
+	uses := make(map[*graph.Value]int, 2*len(cand))
+	for n := range cand {
+		for _, o := range n.Outputs {
+			uses[o] = 0
+		}
+	}
 	for _, n := range g.Nodes {
 		for _, in := range n.Inputs {
-			uses[in]++
+			if c, ok := uses[in]; ok {
+				uses[in] = c + 1
+			}
 		}
 	}
 	for _, o := range g.Outputs {
-		uses[o]++
+		if c, ok := uses[o]; ok {
+			uses[o] = c + 1
+		}
 	}
 	dead := map[*graph.Node]bool{}
 	for i := len(g.Nodes) - 1; i >= 0; i-- {
@@ -335,7 +362,9 @@ func removeUnusedOf(g *graph.Graph, cand map[*graph.Node]bool) {
 		}
 		dead[n] = true
 		for _, in := range n.Inputs {
-			uses[in]--
+			if c, ok := uses[in]; ok {
+				uses[in] = c - 1
+			}
 		}
 	}
 	g.RemoveNodes(dead)
