@@ -2,6 +2,20 @@
 // swiglu_packed. They read the parts of a fused GEMM's output in place, with the numerics of
 // rope.cu, norm.cu and of swiglu in elementwise.cu.
 
+// packed_rope_table fills tab with the cos (tab[0, half)) and sin (tab[half, 2*half)) of
+// position p, rounded to X, with the block's threads, then waits for the block.
+template <class X>
+__device__ __forceinline__ void packed_rope_table(float* tab, float p, const float* inv_freq, int half, float scaling,
+                                                  int scaled) {
+  for (int f = threadIdx.x; f < half; f += blockDim.x) {
+    float c, sn;
+    rope_cos_sin(p, inv_freq[f], scaling, scaled, &c, &sn);
+    tab[f] = X::round(c);
+    tab[half + f] = X::round(sn);
+  }
+  __syncthreads();
+}
+
 // qkv_rope: x[B,S,(H+2*KV)*D] (per token: H heads of q, KV of k, KV of v, each D = 2*half
 // wide) at positions[B,S] -> q[B,H,S,D] and k[B,KV,S,D] rotated as rope.cu rotates them,
 // and v[B,KV,S,D] copied. Block (row, y) serves token row = b*S + s and the work items
@@ -17,14 +31,7 @@ __device__ __forceinline__ void qkv_rope_impl(typename X::T* q, typename X::T* k
   pdl_begin();
   extern __shared__ float tab[];  // cos [half], then sin [half]
   i64 row = blockIdx.x;
-  float p = (float)pos[row];
-  for (int f = threadIdx.x; f < half; f += blockDim.x) {
-    float c, sn;
-    rope_cos_sin(p, inv_freq[f], scaling, scaled, &c, &sn);
-    tab[f] = X::round(c);
-    tab[half + f] = X::round(sn);
-  }
-  __syncthreads();
+  packed_rope_table<X>(tab, (float)pos[row], inv_freq, half, scaling, scaled);
   int D = 2 * half;
   i64 b = row / S, s = row % S;
   const typename X::T* xr = x + row * (i64)(H + 2 * KV) * D;
@@ -76,14 +83,7 @@ __device__ __forceinline__ void qkv_norm_rope_impl(typename X::T* q, typename X:
   pdl_begin();
   extern __shared__ float tab[];  // cos [half], then sin [half]
   const i64 row = blockIdx.x;
-  const float p = (float)pos[row];
-  for (int f = threadIdx.x; f < half; f += blockDim.x) {
-    float c, sn;
-    rope_cos_sin(p, inv_freq[f], scaling, scaled, &c, &sn);
-    tab[f] = X::round(c);
-    tab[half + f] = X::round(sn);
-  }
-  __syncthreads();
+  packed_rope_table<X>(tab, (float)pos[row], inv_freq, half, scaling, scaled);
   const int D = 2 * half, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const i64 b = row / S, s = row % S;
   const typename X::T* xr = x + row * (i64)(H + 2 * KV) * D;
