@@ -101,7 +101,7 @@ type qkvMatch struct {
 
 // check completes a match of the rope pattern with the v layout of the same split and holds
 // every shape to qkv_rope's; nil when the place cannot be fused.
-func (q *qkvRoPEPattern) check(g *graph.Graph, m *pattern.Match, users map[*graph.Value][]*graph.Node) *qkvMatch {
+func (q *qkvRoPEPattern) check(g *graph.Graph, sc *pattern.Scanner, m *pattern.Match, users map[*graph.Value][]*graph.Node) *qkvMatch {
 	x, split := m.Get(q.x), m.Node(q.split)
 	xs := x.Type.Shape
 	if len(xs) != 3 || !x.Type.DType.IsFloat() || len(split.Outputs) != 3 || !isAxis(split.Attrs.Int("axis"), 3, 2) {
@@ -140,7 +140,7 @@ func (q *qkvRoPEPattern) check(g *graph.Graph, m *pattern.Match, users map[*grap
 	if len(ts) != 1 || ts[0].Op != "transpose" {
 		return nil
 	}
-	mv, ok := q.pv.MatchShared(g, ts[0])
+	mv, ok := sc.MatchShared(q.pv, ts[0])
 	if !ok || mv.Node(q.vSplit) != split || !shapeIs(mv.Get(q.rv).Type.Shape, xs[0], xs[1], graph.D(KV), graph.D(D)) {
 		return nil
 	}
@@ -197,9 +197,10 @@ func fuseQKVRoPE(g *graph.Graph, q *qkvRoPEPattern) (int, error) {
 		return 0, err
 	}
 	users := g.Users()
+	sc := pattern.NewScanner(g) // the graph does not change until every place is checked
 	var found []*qkvMatch
 	for _, m := range ms {
-		if c := q.check(g, m, users); c != nil {
+		if c := q.check(g, sc, m, users); c != nil {
 			found = append(found, c)
 		}
 	}

@@ -114,8 +114,27 @@ func (p *Pattern) matchAt(g *graph.Graph, n *graph.Node, shared bool) (*Match, b
 	if p.Err() != nil || n == nil {
 		return nil, false
 	}
-	s := newScan(g)
-	if s.pos[n] == 0 {
+	return newScan(g).matchAt(p, n, shared)
+}
+
+// Scanner matches patterns at single nodes of one graph, as Match and MatchShared do, with
+// the index of the graph (users, positions) they build on every call built once: for many
+// matches on a graph that does not change while the Scanner is in use (replace only after).
+type Scanner struct{ s *scan }
+
+// NewScanner indexes g for matching.
+func NewScanner(g *graph.Graph) *Scanner { return &Scanner{s: newScan(g)} }
+
+// Match is p.Match(g, n) for the Scanner's graph g.
+func (sc *Scanner) Match(p *Pattern, n *graph.Node) (*Match, bool) { return sc.s.matchAt(p, n, false) }
+
+// MatchShared is p.MatchShared(g, n) for the Scanner's graph g.
+func (sc *Scanner) MatchShared(p *Pattern, n *graph.Node) (*Match, bool) {
+	return sc.s.matchAt(p, n, true)
+}
+
+func (s *scan) matchAt(p *Pattern, n *graph.Node, shared bool) (*Match, bool) {
+	if p.Err() != nil || n == nil || s.pos[n] == 0 {
 		return nil, false
 	}
 	return s.match(p, n, shared)
