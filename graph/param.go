@@ -154,23 +154,47 @@ func (r ParamRef) Members() (refs []ParamRef, first int, err error) {
 // plain reference, see Members), into one tensor of r.LocalShape(). An error names the
 // member that failed and which it is.
 func LoadStack(ctx context.Context, r ParamRef, load func(context.Context, ParamRef) (*tensor.Tensor, error)) (*tensor.Tensor, error) {
-	members, first, err := r.Members()
+	out := tensor.New(r.DType, r.LocalShape()...)
+	err := LoadStackInto(ctx, r, out, func(ctx context.Context, m ParamRef, dst *tensor.Tensor) error {
+		t, err := load(ctx, m)
+		if err != nil {
+			return err
+		}
+		if t.DType != dst.DType || !slices.Equal(t.Shape, dst.Shape) || t.Len() != dst.Len() {
+			return fmt.Errorf("got %s%v, want %s%v", t.DType, t.Shape, dst.DType, dst.Shape)
+		}
+		tensor.CopyRange(dst, 0, t, 0, dst.Len())
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	out := tensor.New(r.DType, r.LocalShape()...)
-	size := out.Numel() / max(len(members), 1)
-	for i, m := range members {
-		t, err := load(ctx, m)
-		if err != nil {
-			return nil, fmt.Errorf("stacked param %q, member %d of %d: %w", r.Key, first+i, r.Stack, err)
-		}
-		if t.DType != r.DType || t.Numel() != size || !slices.Equal(t.Shape, m.LocalShape()) {
-			return nil, fmt.Errorf("stacked param %q, member %d of %d (%q): got %s%v, want %s%v", r.Key, first+i, r.Stack, m.Key, t.DType, t.Shape, r.DType, m.LocalShape())
-		}
-		tensor.CopyRange(out, i*size, t, 0, size)
-	}
 	return out, nil
+}
+
+// LoadStackInto reads a stacked reference into dst (of r's dtype and r.LocalShape()), each
+// member through loadInto straight into its own rows of dst (a view of them, of the member's
+// local shape), so that no member is held apart. An error names the member that failed and
+// which it is.
+func LoadStackInto(ctx context.Context, r ParamRef, dst *tensor.Tensor, loadInto func(context.Context, ParamRef, *tensor.Tensor) error) error {
+	members, first, err := r.Members()
+	if err != nil {
+		return err
+	}
+	if want := r.LocalShape(); dst.DType != r.DType || !slices.Equal(dst.Shape, want) || dst.Len() != tensor.Numel(want) {
+		return fmt.Errorf("stacked param %q: destination is %s%v, want %s%v", r.Key, dst.DType, dst.Shape, r.DType, want)
+	}
+	size := dst.Numel() / max(len(members), 1)
+	for i, m := range members {
+		shape := m.LocalShape()
+		if tensor.Numel(shape) != size {
+			return fmt.Errorf("stacked param %q, member %d of %d (%q): %v does not hold %d elements", r.Key, first+i, r.Stack, m.Key, shape, size)
+		}
+		if err := loadInto(ctx, m, dst.View(i*size, shape...)); err != nil {
+			return fmt.Errorf("stacked param %q, member %d of %d: %w", r.Key, first+i, r.Stack, err)
+		}
+	}
+	return nil
 }
 
 func (r ParamRef) String() string {

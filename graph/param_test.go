@@ -91,3 +91,50 @@ func TestStackedParamRef(t *testing.T) {
 		}
 	}
 }
+
+// LoadStackInto hands each member a view of its own rows of the destination, so that the
+// members are read in place: the stack's bytes are the members' in order, each member's
+// view aliases dst, and a destination of the wrong shape or a failing member is an error
+// naming it.
+func TestLoadStackInto(t *testing.T) {
+	ref := ParamRef{Key: "l.experts.*.w", DType: tensor.BF16, Shape: []int{3, 2, 4}, Stack: 3, SliceDim: -1}
+	dst := tensor.New(tensor.BF16, 3, 2, 4)
+	var seen []string
+	loadInto := func(_ context.Context, m ParamRef, v *tensor.Tensor) error {
+		var e int
+		if _, err := fmt.Sscanf(m.Key, "l.experts.%d.w", &e); err != nil {
+			return err
+		}
+		if !slices.Equal(v.Shape, []int{2, 4}) || &v.Half[0] != &dst.Half[e*8] {
+			return fmt.Errorf("member %d got %v, not a view of its rows of dst", e, v.Shape)
+		}
+		for i := range v.Half {
+			v.Half[i] = uint16(100*e + i)
+		}
+		seen = append(seen, m.Key)
+		return nil
+	}
+	if err := LoadStackInto(context.Background(), ref, dst, loadInto); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(seen, ref.Keys()) {
+		t.Errorf("members read %v, want %v", seen, ref.Keys())
+	}
+	for i, v := range dst.Half {
+		if want := uint16(100*(i/8) + i%8); v != want {
+			t.Fatalf("element %d = %d, want %d", i, v, want)
+		}
+	}
+	if err := LoadStackInto(context.Background(), ref, tensor.New(tensor.BF16, 3, 8), loadInto); err == nil || !strings.Contains(err.Error(), "destination is bf16[3 8]") {
+		t.Errorf("wrong destination shape: error %v", err)
+	}
+	failing := func(_ context.Context, m ParamRef, _ *tensor.Tensor) error {
+		if m.Key == "l.experts.2.w" {
+			return fmt.Errorf("tensor %q not found", m.Key)
+		}
+		return nil
+	}
+	if err := LoadStackInto(context.Background(), ref, dst, failing); err == nil || !strings.Contains(err.Error(), `member 2 of 3: tensor "l.experts.2.w" not found`) {
+		t.Errorf("failing member: error %v, want member 2 named", err)
+	}
+}

@@ -259,14 +259,19 @@ func (c *Checkpoint) resolve(ref graph.ParamRef) (f *safetensors.File, dim, inde
 // full shape against ref, then copies only the slice's bytes out of the mapping. The result
 // has ref.DType and ref.LocalShape(). Errors name the file and the tensor.
 //
-// A stacked ref (ref.Stack > 0) reads its members one by one (graph.LoadStack): only the
-// members its slice selects, each only its part. An error names the member.
+// A stacked ref (ref.Stack > 0) reads its members one by one, each straight into its rows of
+// the result (graph.LoadStackInto): only the members its slice selects, each only its part.
+// An error names the member.
 func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("load %q: %w", ref.Key, err)
 	}
 	if ref.Stack != 0 {
-		return graph.LoadStack(ctx, ref, c.Load)
+		out := tensor.New(ref.DType, ref.LocalShape()...)
+		if err := graph.LoadStackInto(ctx, ref, out, c.LoadInto); err != nil {
+			return nil, err
+		}
+		return out, nil
 	}
 	if qi, ok := c.quantInfo(ref.Key); ok {
 		if err := c.resolveQuant(ref, qi); err != nil {
@@ -291,12 +296,16 @@ func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tens
 
 // LoadInto reads what Load would return straight into dst (graph.WeightsInto), which must have
 // ref.DType and ref.LocalShape(): a plain or sliced tensor is read from the file into dst's
-// memory without an intermediate copy; a stacked or quantized one is loaded and copied.
+// memory without an intermediate copy, a stacked one member by member into its rows; a
+// quantized one is loaded and copied.
 func (c *Checkpoint) LoadInto(ctx context.Context, ref graph.ParamRef, dst *tensor.Tensor) error {
 	if want := ref.LocalShape(); dst.DType != ref.DType || !slices.Equal(dst.Shape, want) || dst.Len() != tensor.Numel(want) {
 		return fmt.Errorf("load %q: destination is %s%v, the graph expects %s%v", ref.Key, dst.DType, dst.Shape, ref.DType, want)
 	}
-	if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 {
+	if ref.Stack != 0 {
+		return graph.LoadStackInto(ctx, ref, dst, c.LoadInto)
+	}
+	if _, quant := c.quantInfo(ref.Key); quant {
 		t, err := c.Load(ctx, ref)
 		if err != nil {
 			return err

@@ -65,6 +65,29 @@ func FromI32(data []int32, shape ...int) *Tensor {
 // Numel is the number of elements.
 func (t *Tensor) Numel() int { return Numel(t.Shape) }
 
+// View returns elements [off, off+Numel(shape)) of t's storage as a tensor of the given
+// shape that shares t's memory (writes through either show in both). The range must lie
+// within t's storage.
+func (t *Tensor) View(off int, shape ...int) *Tensor {
+	end := off + Numel(shape)
+	v := &Tensor{DType: t.DType, Shape: shape}
+	switch t.DType {
+	case F32:
+		v.F32 = t.F32[off:end:end]
+	case BF16, F16:
+		v.Half = t.Half[off:end:end]
+	case I32:
+		v.I32 = t.I32[off:end:end]
+	case I64:
+		v.I64 = t.I64[off:end:end]
+	case Bool:
+		v.Bool = t.Bool[off:end:end]
+	case F8E4M3, F8E5M2:
+		v.U8 = t.U8[off:end:end]
+	}
+	return v
+}
+
 // Len is the length of the populated storage slice.
 func (t *Tensor) Len() int {
 	switch t.DType {

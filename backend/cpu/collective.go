@@ -259,7 +259,7 @@ func linearAllReduce(ctx context.Context, n *graph.Node, lin Kernel, b *dist.Bou
 	}()
 	var linErr error
 	for i, ch := range chunks {
-		wc := elemView(w, ch[0]*K, []int{ch[1] - ch[0], K})
+		wc := w.View(ch[0]*K, ch[1]-ch[0], K)
 		shape := slices.Clone(o.Shape)
 		shape[len(shape)-1] = ch[1] - ch[0]
 		y, err := lin(n, []*tensor.Tensor{x, wc}, []Out{{DType: o.DType, Shape: shape}})

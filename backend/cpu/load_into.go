@@ -84,7 +84,7 @@ func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w g
 		if off+size > out.Numel() {
 			return fmt.Errorf("%s: its params hold more than its %v output", n, outs[0].Shape)
 		}
-		if err := w.LoadInto(ctx, ref, elemView(out, off, shape)); err != nil {
+		if err := w.LoadInto(ctx, ref, out.View(off, shape...)); err != nil {
 			return fmt.Errorf("load param %s: %w", ref, err)
 		}
 		off += size
@@ -137,26 +137,4 @@ func (p *Program) viewConcat(ctx context.Context, n *graph.Node, outs []Out, w c
 	p.fixed[slot[n.Out()]] = t
 	p.folded++
 	return true, nil
-}
-
-// elemView is the elements [off, off+numel(shape)) of t as a tensor of that shape, sharing
-// t's memory.
-func elemView(t *tensor.Tensor, off int, shape []int) *tensor.Tensor {
-	end := off + tensor.Numel(shape)
-	v := &tensor.Tensor{DType: t.DType, Shape: shape}
-	switch t.DType {
-	case tensor.F32:
-		v.F32 = t.F32[off:end:end]
-	case tensor.BF16, tensor.F16:
-		v.Half = t.Half[off:end:end]
-	case tensor.I32:
-		v.I32 = t.I32[off:end:end]
-	case tensor.I64:
-		v.I64 = t.I64[off:end:end]
-	case tensor.Bool:
-		v.Bool = t.Bool[off:end:end]
-	case tensor.F8E4M3, tensor.F8E5M2:
-		v.U8 = t.U8[off:end:end]
-	}
-	return v
 }
