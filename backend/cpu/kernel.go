@@ -15,7 +15,7 @@
 // and moe (only the experts each token chose, grouped by expert). They split
 // their work over a shared pool of GOMAXPROCS workers and keep bf16 weights as bf16, widening
 // them inside the kernel. Linear's dot products run on the kernel set chosen at start-up by
-// CPU feature detection (kernels.go): Go assembly on amd64 in every build, AVX-512F where the
+// CPU feature detection (kernels.go): Go assembly on amd64 in every build, AVX-512F/BW where the
 // CPU has it (kernels_avx512_amd64.s), else AVX2/FMA (kernels_amd64.s), portable Go
 // elsewhere; LOOM_CPU_KERNELS forces a set, such as avx512bf16 (VDPBF16PS, x rounded to
 // bf16), which never runs by default.

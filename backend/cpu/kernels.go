@@ -15,8 +15,8 @@ import (
 //	avx2      Go assembly (kernels_amd64.s) for CPUs with AVX2 and FMA: eight lanes per
 //	          output, fused multiply-adds; in every amd64 build, GOEXPERIMENT=simd or not
 //	          (not with the purego tag)
-//	avx512    Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F: avx2's arithmetic
-//	          with 16 lanes (other rounding); the default where the CPU has AVX-512F
+//	avx512    Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F and AVX-512BW: avx2's
+//	          arithmetic with 16 lanes (other rounding); the default where the CPU has them
 //	avx512bf16  Go assembly (kernels_avx512_amd64.s) for CPUs with AVX-512F, AVX-512BW and
 //	          AVX512_BF16: bf16 weights meet x rounded to bf16 in VDPBF16PS, 16 lanes per
 //	          output (kernels_avx512_amd64.go); changes numerics (x's rounding: past the HF

@@ -54,14 +54,17 @@ var avx512bf16Kernels = kernelSet{
 const bf16linearRelErr = 1.0 / 256
 
 // avx512Sets lists the AVX-512 sets this CPU can run that should run before avx2 (first:
-// avx512, the default where the CPU has AVX-512F) and those only LOOM_CPU_KERNELS selects
-// (second: avx512bf16, whose rounding of x moves the HF parity fixtures' logits by 2-10e-2,
-// past their 1e-4 tolerance), and notes why a set is missing.
+// avx512, the default where the CPU has AVX-512F and AVX-512BW) and those only
+// LOOM_CPU_KERNELS selects (second: avx512bf16, whose rounding of x moves the HF parity
+// fixtures' logits by 2-10e-2, past their 1e-4 tolerance), and notes why a set is missing.
 func avx512Sets() (before, after []kernelSet) {
-	if cpu.X86.HasAVX512F {
+	switch {
+	case cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW: // VPMOVZXWD and VMOVDQU16 on ZMM are AVX-512BW
 		before = append(before, avx512Kernels)
-	} else {
+	case !cpu.X86.HasAVX512F:
 		kernelNotes = append(kernelNotes, "avx512 needs AVX-512F")
+	default:
+		kernelNotes = append(kernelNotes, "avx512 needs AVX-512BW")
 	}
 	switch {
 	case hasAVX512BF16:
@@ -171,7 +174,8 @@ func avx512bf16Block(res []float32, xb []uint16, wp [4]unsafe.Pointer, M, N, K, 
 	}
 }
 
-// The avx512 kernel set, for CPUs with AVX-512F: the avx2 set's arithmetic with 16 lanes.
+// The avx512 kernel set, for CPUs with AVX-512F and AVX-512BW (its bf16 loads and widening
+// are BW instructions): the avx2 set's arithmetic with 16 lanes.
 // x stays f32 and bf16 weights are widened exactly; each output keeps one 16-lane
 // accumulator of fused multiply-adds, lane l summing the products of k = l mod 16 in k
 // order, the last K%16 elements read with zero-masking loads (adding +0 products), the lanes
@@ -182,7 +186,7 @@ func avx512bf16Block(res []float32, xb []uint16, wp [4]unsafe.Pointer, M, N, K, 
 // differ from the reference kernels. It is the default where the CPU has AVX-512F: on a
 // Xeon with AVX-512 it ran the prefill products of Qwen2.5-0.5B 1.3-1.45x faster than avx2
 // and decode at the same speed (docs/PERFORMANCE.md, session 10).
-var avx512Kernels = kernelSet{name: "avx512", groupBF16: avx512GroupBF16, groupF32: avx512GroupF32, features: "avx512f"}
+var avx512Kernels = kernelSet{name: "avx512", groupBF16: avx512GroupBF16, groupF32: avx512GroupF32, features: "avx512f,avx512bw"}
 
 //go:noescape
 func avx512BF16x4x4(x0, x1, x2, x3, w0, w1, w2, w3 unsafe.Pointer, pf uintptr, n int, out *[16]float32)
