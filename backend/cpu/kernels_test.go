@@ -217,8 +217,8 @@ func TestKernelSetForced(t *testing.T) {
 }
 
 // TestKernelSetsDetected holds the list of sets to the CPU (as /proc/cpuinfo reports its
-// features), unless the purego tag is set: with AVX-512F the avx512 set is there and the
-// default; with AVX-512F, AVX-512BW and AVX512_BF16 the avx512bf16 set is there, never the
+// features), unless the purego tag is set: with AVX-512F and AVX-512BW the avx512 set is there
+// and the default; with those and AVX512_BF16 the avx512bf16 set is there, never the
 // default; with AVX2 and FMA the avx2 set is there, and the default if avx512 is not.
 func TestKernelSetsDetected(t *testing.T) {
 	flags := cpuinfoFlags(t)
@@ -226,8 +226,8 @@ func TestKernelSetsDetected(t *testing.T) {
 		t.Skipf("sets %v", kernelSetNames())
 	}
 	names := kernelSetNames()
-	avx512 := flags["avx512f"] && !purego
-	bf16 := avx512 && flags["avx512bw"] && flags["avx512_bf16"]
+	avx512 := flags["avx512f"] && flags["avx512bw"] && !purego
+	bf16 := avx512 && flags["avx512_bf16"]
 	if has := slices.Contains(names, "avx512bf16"); has != bf16 {
 		t.Errorf("sets %v: avx512bf16 listed %v, the CPU has AVX-512F, AVX-512BW and AVX512_BF16 %v (purego %v)", names, has, bf16, purego)
 	}
@@ -235,10 +235,10 @@ func TestKernelSetsDetected(t *testing.T) {
 		t.Errorf("sets %v: avx512bf16 is the default; it must be chosen with %s only", names, kernelEnv)
 	}
 	if has := slices.Contains(names, "avx512"); has != avx512 {
-		t.Errorf("sets %v: avx512 listed %v, the CPU has AVX-512F %v (purego %v)", names, has, flags["avx512f"], purego)
+		t.Errorf("sets %v: avx512 listed %v, the CPU has AVX-512F and AVX-512BW %v (purego %v)", names, has, avx512, purego)
 	}
 	if avx512 && names[0] != "avx512" {
-		t.Errorf("sets %v on a CPU with AVX-512F: want avx512 first", names)
+		t.Errorf("sets %v on a CPU with AVX-512F and AVX-512BW: want avx512 first", names)
 	}
 	if flags["avx2"] && flags["fma"] && !purego {
 		if i := slices.Index(names, "avx2"); i < 0 || !avx512 && i != 0 {
