@@ -128,7 +128,7 @@ func openLibrary(what string, names []string, system bool, dirs []string) (*Libr
 				return nil
 			}
 		}
-		h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		h, err := dlopen(path)
 		if err != nil {
 			where := path
 			if !filepath.IsAbs(path) {
@@ -183,7 +183,7 @@ func (b *binder) bind(fptr any, names ...string) {
 // optional binds the first of names that the library exports and reports whether one was.
 func (b *binder) optional(fptr any, names ...string) bool {
 	for _, name := range names {
-		sym, err := purego.Dlsym(b.lib.handle, name)
+		sym, err := dlsym(b.lib.handle, name)
 		if err != nil || sym == 0 {
 			continue
 		}

@@ -118,8 +118,7 @@ func runLaunch(ctx context.Context, o launchOptions) error {
 	signalAll := func(sig syscall.Signal, exited []bool) {
 		for r, c := range procs {
 			if exited == nil || !exited[r] {
-				// Each rank leads its own process group: reach its children too.
-				syscall.Kill(-c.Process.Pid, sig)
+				signalGroup(c.Process, sig)
 			}
 		}
 	}
@@ -132,7 +131,7 @@ func runLaunch(ctx context.Context, o launchOptions) error {
 		stderr := &prefixWriter{mu: &outMu, w: o.stderr, prefix: stdout.prefix}
 		writers = append(writers, stdout, stderr)
 		c.Stdout, c.Stderr = stdout, stderr
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		c.SysProcAttr = rankProcAttr()
 		c.WaitDelay = o.grace + time.Second // a grandchild holding the output open cannot block Wait
 		if err := c.Start(); err != nil {
 			signalAll(syscall.SIGKILL, nil)
