@@ -264,10 +264,19 @@ const preadChunk = 1 << 20
 // pread fills dst from the file at off, in parts of preadChunk read in parallel (up to one
 // per CPU) when dst is large.
 func (f *File) pread(dst []byte, off int64) error {
-	parts := (len(dst) + preadChunk - 1) / preadChunk
-	if parts <= 1 {
-		_, err := f.fd.ReadAt(dst, off)
+	return inParts(len(dst), preadChunk, func(lo, hi int) error {
+		_, err := f.fd.ReadAt(dst[lo:hi], off+int64(lo))
 		return err
+	})
+}
+
+// inParts calls do on the parts [lo, hi) of [0, n) of at most chunk each, in parallel (up to
+// one goroutine per CPU; on the caller's alone when there is one part), and joins their
+// errors.
+func inParts(n, chunk int, do func(lo, hi int) error) error {
+	parts := (n + chunk - 1) / chunk
+	if parts <= 1 {
+		return do(0, n)
 	}
 	var (
 		next atomic.Int64
@@ -283,8 +292,7 @@ func (f *File) pread(dst []byte, off int64) error {
 				if i >= parts {
 					return
 				}
-				lo, hi := i*preadChunk, min((i+1)*preadChunk, len(dst))
-				_, errs[i] = f.fd.ReadAt(dst[lo:hi], off+int64(lo))
+				errs[i] = do(i*chunk, min((i+1)*chunk, n))
 			}
 		}()
 	}

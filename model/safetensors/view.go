@@ -3,11 +3,8 @@ package safetensors
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/loom-ml/loom/tensor"
@@ -146,28 +143,5 @@ const populateChunk = 8 << 20
 // populate maps b's pages (a slice of a file mapping) into the process, in parts of
 // populateChunk in parallel (up to one per CPU).
 func populate(b []byte) error {
-	parts := (len(b) + populateChunk - 1) / populateChunk
-	if parts <= 1 {
-		return populateRange(b)
-	}
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-		errs = make([]error, parts)
-	)
-	for range min(parts, runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= parts {
-					return
-				}
-				errs[i] = populateRange(b[i*populateChunk : min((i+1)*populateChunk, len(b))])
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return inParts(len(b), populateChunk, func(lo, hi int) error { return populateRange(b[lo:hi]) })
 }
