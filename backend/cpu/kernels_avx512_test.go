@@ -193,12 +193,7 @@ func linearTol(sums []float64, dx, dw tensor.DType) func(o, i int, r float64) fl
 // numerics of that set (x rounded to bf16), and its structure (round once, rows per chunk)
 // must give the reference kernels' results within them.
 func TestBF16ModelSet(t *testing.T) {
-	withKernelSet(bf16ModelKernels, func() {
-		t.Run("FastKernels", TestFastKernels)
-		t.Run("FastKernelsDeterministic", TestFastKernelsDeterministic)
-		t.Run("FastMoE", TestFastMoE)
-		t.Run("MoEAllToAllKernels", TestMoEAllToAllKernels)
-	})
+	withKernelSet(bf16ModelKernels, func() { runKernelTests(t) })
 }
 
 // TestRoundBF16Model holds the model's rounding to the rule it states, on edge cases.

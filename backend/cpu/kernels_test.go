@@ -28,14 +28,18 @@ func TestKernelSets(t *testing.T) {
 	skipMissingSets(t)
 	for _, s := range kernelSets {
 		t.Run(s.name, func(t *testing.T) {
-			withKernelSet(s, func() {
-				t.Run("FastKernels", TestFastKernels)
-				t.Run("FastKernelsDeterministic", TestFastKernelsDeterministic)
-				t.Run("FastMoE", TestFastMoE)
-				t.Run("MoEAllToAllKernels", TestMoEAllToAllKernels)
-			})
+			withKernelSet(s, func() { runKernelTests(t) })
 		})
 	}
+}
+
+// runKernelTests runs the fast-kernel and MoE tests as subtests of t, under the kernel set
+// in use.
+func runKernelTests(t *testing.T) {
+	t.Run("FastKernels", TestFastKernels)
+	t.Run("FastKernelsDeterministic", TestFastKernelsDeterministic)
+	t.Run("FastMoE", TestFastMoE)
+	t.Run("MoEAllToAllKernels", TestMoEAllToAllKernels)
 }
 
 // skipMissingSets reports, as a skipped subtest each, the sets of this build that the CPU
