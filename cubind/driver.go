@@ -80,6 +80,8 @@ var (
 	fnMemAlloc           func(p *uint64, n uint64) int32
 	fnMemFree            func(p uint64) int32
 	fnMemGetInfo         func(free, total *uint64) int32
+	fnMemHostAlloc       func(p *unsafe.Pointer, n uint64, flags uint32) int32
+	fnMemFreeHost        func(p unsafe.Pointer) int32
 	fnMemcpyHtoDAsync    func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
 	fnMemcpyDtoHAsync    func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
 	fnMemcpyDtoDAsync    func(dst, src uint64, n uint64, s uintptr) int32
@@ -139,6 +141,8 @@ func loadDriver() error {
 		b.bind(&fnMemAlloc, "cuMemAlloc_v2")
 		b.bind(&fnMemFree, "cuMemFree_v2")
 		b.bind(&fnMemGetInfo, "cuMemGetInfo_v2")
+		b.bind(&fnMemHostAlloc, "cuMemHostAlloc")
+		b.bind(&fnMemFreeHost, "cuMemFreeHost")
 		b.bind(&fnMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")
 		b.bind(&fnMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
 		b.bind(&fnMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2")
@@ -341,6 +345,34 @@ func MemGetInfo() (free, total uint64, err error) {
 	return free, total, err
 }
 
+// MemHostAlloc allocates n bytes of page-locked host memory, which the device reads and
+// writes by DMA: a copy from it with MemcpyHtoDAsync runs while the host goes on. It is not
+// Go memory: free it with MemFreeHost, and only once every copy from it has completed.
+func MemHostAlloc(n int) ([]byte, error) {
+	if err := loadDriver(); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("allocate %d bytes of pinned host memory", n)
+	}
+	var p unsafe.Pointer
+	if err := driverErr("cuMemHostAlloc", fnMemHostAlloc(&p, uint64(n), 0)); err != nil {
+		return nil, fmt.Errorf("allocate %d bytes of pinned host memory: %w", n, err)
+	}
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+// MemFreeHost frees memory from MemHostAlloc.
+func MemFreeHost(b []byte) error {
+	if err := loadDriver(); err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return driverErr("cuMemFreeHost", fnMemFreeHost(unsafe.Pointer(unsafe.SliceData(b))))
+}
+
 // bytesOf returns the address and byte size of a slice's elements.
 func bytesOf[T any](s []T) (unsafe.Pointer, uint64) {
 	if len(s) == 0 {
@@ -352,7 +384,8 @@ func bytesOf[T any](s []T) (unsafe.Pointer, uint64) {
 
 // MemcpyHtoDAsync copies src, a slice of plain values (float32, uint16, int32, bytes ...),
 // to device memory at dst on stream s. From pageable Go memory the driver has read src by
-// the time the call returns, so src may be reused at once.
+// the time the call returns, so src may be reused at once; from pinned memory (MemHostAlloc)
+// the copy runs on after the call, and src must stay as it is until the stream has done it.
 func MemcpyHtoDAsync[T any](dst DevicePtr, src []T, s Stream) error {
 	if err := loadDriver(); err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unsafe"
 
 	"github.com/loom-ml/loom/cubind"
 	"github.com/loom-ml/loom/tensor"
@@ -511,28 +510,6 @@ func (d *Device) Free(t *Tensor) {
 	t.blk, t.ptr = nil, 0
 }
 
-// hostBytes returns the storage of a host tensor as bytes.
-func hostBytes(t *tensor.Tensor) []byte {
-	var p unsafe.Pointer
-	switch {
-	case len(t.F32) > 0:
-		p = unsafe.Pointer(&t.F32[0])
-	case len(t.Half) > 0:
-		p = unsafe.Pointer(&t.Half[0])
-	case len(t.I32) > 0:
-		p = unsafe.Pointer(&t.I32[0])
-	case len(t.I64) > 0:
-		p = unsafe.Pointer(&t.I64[0])
-	case len(t.Bool) > 0:
-		p = unsafe.Pointer(&t.Bool[0])
-	case len(t.U8) > 0: // f8e4m3, f8e5m2
-		p = unsafe.Pointer(&t.U8[0])
-	default:
-		return nil
-	}
-	return unsafe.Slice((*byte)(p), t.Numel()*t.DType.Size())
-}
-
 // Upload copies a host tensor to a new device tensor.
 func (d *Device) Upload(h *tensor.Tensor) (*Tensor, error) {
 	var t *Tensor
@@ -552,7 +529,7 @@ func (d *Device) upload(h *tensor.Tensor) (*Tensor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: upload %s%v: %w", h.DType, h.Shape, err)
 	}
-	if err := d.copyHtoD(t.ptr, hostBytes(h)); err != nil {
+	if err := d.copyHtoD(t.ptr, tensor.Bytes(h)); err != nil {
 		d.Free(t)
 		return nil, fmt.Errorf("cuda: upload %s%v: %w", h.DType, h.Shape, err)
 	}
@@ -575,7 +552,7 @@ func (d *Device) download(t *Tensor) (*tensor.Tensor, error) {
 		return nil, errors.New("cuda: download of a freed or nil tensor")
 	}
 	h := tensor.New(t.DType, t.Shape...)
-	if err := cubind.MemcpyDtoHAsync(hostBytes(h), t.ptr, d.stream); err != nil {
+	if err := cubind.MemcpyDtoHAsync(tensor.Bytes(h), t.ptr, d.stream); err != nil {
 		return nil, fmt.Errorf("cuda: download %s: %w", t, err)
 	}
 	if err := d.sync(); err != nil {

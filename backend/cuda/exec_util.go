@@ -98,7 +98,7 @@ func copyIn(d *Device, dst *Tensor, h *tensor.Tensor) error {
 	if h.DType.Size()*h.Numel() != dst.Bytes() {
 		return fmt.Errorf("holds %d bytes, its slot %d", h.DType.Size()*h.Numel(), dst.Bytes())
 	}
-	return d.copyHtoD(dst.ptr, hostBytes(h))
+	return d.copyHtoD(dst.ptr, tensor.Bytes(h))
 }
 
 // isResident reports whether slot s is an input named by Options.Resident.

@@ -152,7 +152,7 @@ func prepend(h *tensor.Tensor, k int) *tensor.Tensor {
 
 // fill copies host tensor h into the existing device tensor dst.
 func fill(d *Device, dst *Tensor, h *tensor.Tensor) error {
-	return d.do(func() error { return cubind.MemcpyHtoDAsync(dst.ptr, hostBytes(h), d.stream) })
+	return d.do(func() error { return cubind.MemcpyHtoDAsync(dst.ptr, tensor.Bytes(h), d.stream) })
 }
 
 // offsetView is a tensor of shape over t's memory starting elems elements in: unaligned
@@ -661,7 +661,7 @@ func ipcRank(t *testing.T, d *Device, rank int, ex Exchange) {
 		if err := sameBits(fmt.Sprintf("rank %d %s[%d]", rank, c.dt, c.n), got, hostSum(xs)); err != nil {
 			t.Error(err)
 		}
-		sum := sha256.Sum256(hostBytes(got))
+		sum := sha256.Sum256(tensor.Bytes(got))
 		all, err := ex(ctx, sum[:])
 		if err != nil {
 			t.Fatal(err)

@@ -3,7 +3,6 @@ package safetensors
 import (
 	"encoding/binary"
 	"math"
-	"unsafe"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -15,30 +14,13 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // nativeBytes returns the storage of t viewed as bytes, when that view is the safetensors
 // encoding (a little-endian host and a dtype other than bool).
 func nativeBytes(t *tensor.Tensor) ([]byte, bool) {
-	if !littleEndian {
+	if !littleEndian || t.DType == tensor.Bool || t.DType.Size() == 0 {
 		return nil, false
 	}
-	switch t.DType {
-	case tensor.F32:
-		return sliceBytes(t.F32), true
-	case tensor.BF16, tensor.F16:
-		return sliceBytes(t.Half), true
-	case tensor.I32:
-		return sliceBytes(t.I32), true
-	case tensor.I64:
-		return sliceBytes(t.I64), true
-	case tensor.F8E4M3, tensor.F8E5M2:
-		return t.U8, true
+	if b := tensor.Bytes(t); b != nil {
+		return b, true
 	}
-	return nil, false
-}
-
-func sliceBytes[E any](s []E) []byte {
-	if len(s) == 0 {
-		return []byte{}
-	}
-	var e E
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(e)))
+	return []byte{}, true
 }
 
 // decodeLE fills t's storage from little-endian bytes.

@@ -40,7 +40,7 @@ func TestReadThroughFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := sliceBytes(big.I32); !slices.Equal(raw, want) {
+	if want := tensor.Bytes(big); !slices.Equal(raw, want) {
 		t.Error("the mapping does not hold the written bytes")
 	}
 	// SliceInto a view of a larger tensor leaves the rest alone.

@@ -117,21 +117,8 @@ func (f *File) viewOf(name string, dt tensor.DType, shape []int, src []byte) (*t
 		}
 		return nil, false, fmt.Errorf("%s: tensor %q: map pages: %w", f.path, name, err)
 	}
-	t := &tensor.Tensor{DType: dt, Shape: shape}
-	n := tensor.Numel(shape)
-	p := unsafe.Pointer(&src[0])
-	switch dt {
-	case tensor.F32:
-		t.F32 = unsafe.Slice((*float32)(p), n)
-	case tensor.BF16, tensor.F16:
-		t.Half = unsafe.Slice((*uint16)(p), n)
-	case tensor.I32:
-		t.I32 = unsafe.Slice((*int32)(p), n)
-	case tensor.I64:
-		t.I64 = unsafe.Slice((*int64)(p), n)
-	case tensor.F8E4M3, tensor.F8E5M2:
-		t.U8 = src
-	default:
+	t, err := tensor.FromBytes(dt, src, shape...)
+	if err != nil { // bool
 		return nil, false, nil
 	}
 	return t, true, nil
