@@ -47,3 +47,29 @@ func LoadParam(ctx context.Context, n *graph.Node, w Weights) (*tensor.Tensor, e
 	}
 	return t, nil
 }
+
+// LoadParamInto reads a param node's tensor into dst, which has the node's dtype and shape:
+// straight into dst's memory where w can (graph.WeightsInto), else through LoadParam and a
+// copy. Errors name the param.
+func LoadParamInto(ctx context.Context, n *graph.Node, w Weights, dst *tensor.Tensor) error {
+	wi, ok := w.(graph.WeightsInto)
+	if !ok {
+		t, err := LoadParam(ctx, n, w)
+		if err != nil {
+			return err
+		}
+		tensor.CopyRange(dst, 0, t, 0, t.Numel())
+		return nil
+	}
+	ref, err := graph.ParamOf(n)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("param %s: %w", ref, err)
+	}
+	if err := wi.LoadInto(ctx, ref, dst); err != nil {
+		return fmt.Errorf("load param %s: %w", ref, err)
+	}
+	return nil
+}

@@ -112,7 +112,8 @@ type Options struct {
 // Compile prepares g to run on d: it verifies the graph, replaces every node whose op has
 // no CUDA kernel but a decomposition in the graph catalog by that decomposition (expand.go;
 // Program.Graph is then the expanded graph), checks that every op has a CUDA kernel (naming
-// each op that has none), uploads every param (read through w) and const, and evaluates
+// each op that has none), uploads every param (read through w, several at once through pinned
+// buffers: upload.go) and const, and evaluates
 // once every node whose inputs are all params or consts. w may be nil for a graph without
 // params; opts may be nil for the defaults.
 func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, opts *Options) (*Program, error) {
@@ -153,9 +154,21 @@ func Compile(ctx context.Context, d *Device, g *graph.Graph, w backend.Weights, 
 		p.resident = append(p.resident, p.inputs[s])
 	}
 	err = d.do(func() error {
+		var params []*graph.Node
+		for _, n := range g.Nodes {
+			if n.Op == graph.OpParam {
+				params = append(params, n)
+			}
+		}
+		if err := p.uploadParams(ctx, params, slot, w); err != nil {
+			return err
+		}
 		for _, n := range g.Nodes {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if n.Op == graph.OpParam {
+				continue
 			}
 			if err := p.compileNode(ctx, n, slot, w); err != nil {
 				return err
@@ -201,21 +214,10 @@ func newProgram(d *Device, g *graph.Graph) (*Program, map[*graph.Value]int) {
 	return p, slot
 }
 
-// compileNode loads a param or const, evaluates a node of fixed inputs, or records a step.
+// compileNode loads a const, evaluates a node of fixed inputs, or records a step.
 func (p *Program) compileNode(ctx context.Context, n *graph.Node, slot map[*graph.Value]int, w backend.Weights) error {
 	d := p.dev
 	switch n.Op {
-	case graph.OpParam:
-		h, err := backend.LoadParam(ctx, n, w)
-		if err != nil {
-			return err
-		}
-		t, err := d.upload(h)
-		if err != nil {
-			return fmt.Errorf("param %s: %w", n.Attrs.String("key"), err)
-		}
-		p.fixed[slot[n.Out()]] = t
-		return nil
 	case graph.OpConst:
 		h, err := constTensor(n)
 		if err != nil {
