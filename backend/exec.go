@@ -89,7 +89,7 @@ type DeviceClock interface {
 
 // OpTime is the device time of one op over the runs a Profiler timed.
 type OpTime struct {
-	Op    string
+	Op    string // the op, and the shape of each weight its node reads: "linear [5120 2048]"
 	Calls int
 	Time  time.Duration
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/graph"
 )
 
 // OpTime is the GPU time the steps of one op took over the profiled runs.
@@ -64,15 +65,29 @@ func (pr *profiler) steps(p *Program, ctx context.Context, pl *memPlan, vals []*
 		if err != nil {
 			return fmt.Errorf("profile: %w", err)
 		}
-		o := pr.ops[st.node.Op]
+		key := profileKey(p, st)
+		o := pr.ops[key]
 		if o == nil {
-			o = &OpTime{Op: st.node.Op}
-			pr.ops[st.node.Op] = o
+			o = &OpTime{Op: key}
+			pr.ops[key] = o
 		}
 		o.Calls++
 		o.Time += el
 	}
 	return nil
+}
+
+// profileKey names what a step's time is added to: its op, and the shape of each weight it
+// reads (a param input), so that the projections of a layer are told apart ("linear
+// [5120 2048]").
+func profileKey(p *Program, st step) string {
+	key := st.node.Op
+	for _, in := range st.in {
+		if pn := p.values[in].Producer; pn != nil && pn.Op == graph.OpParam {
+			key += fmt.Sprint(" ", pn.Out().Type.Shape)
+		}
+	}
+	return key
 }
 
 func (pr *profiler) close() error {

@@ -139,9 +139,9 @@ func printProfile(w io.Writer, ops []backend.OpTime) {
 	for _, o := range ops {
 		total += o.Time
 	}
-	fmt.Fprintf(w, "\nGPU time per op (eager launches, each timed by events):\n%-24s %8s %12s %10s %6s\n", "op", "calls", "total ms", "mean µs", "share")
+	fmt.Fprintf(w, "\nGPU time per op (eager launches, each timed by events):\n%-36s %8s %12s %10s %6s\n", "op", "calls", "total ms", "mean µs", "share")
 	for _, o := range ops {
-		fmt.Fprintf(w, "%-24s %8d %12.2f %10.1f %5.1f%%\n", o.Op, o.Calls, o.Time.Seconds()*1e3,
+		fmt.Fprintf(w, "%-36s %8d %12.2f %10.1f %5.1f%%\n", o.Op, o.Calls, o.Time.Seconds()*1e3,
 			o.Time.Seconds()*1e6/float64(max(o.Calls, 1)), 100*o.Time.Seconds()/max(total.Seconds(), 1e-12))
 	}
 }
