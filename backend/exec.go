@@ -95,7 +95,7 @@ type OpTime struct {
 }
 
 // Profiler is an Executable that times every op of every run on its device (backend/cuda
-// with profiling on), most time first.
+// with profiling on): OpTimes returns the times since the last call, most time first.
 type Profiler interface {
 	OpTimes() []OpTime
 }

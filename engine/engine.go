@@ -591,8 +591,9 @@ func (e *Engine) validate(r *Request) error {
 	return nil
 }
 
-// ResetStats zeroes the time counters of Stats (step, model and sampling seconds), so
-// that a benchmark can leave its warm-up out.
+// ResetStats zeroes the time counters of Stats (step, model and sampling seconds) and a
+// profiled program's times per op (backend.Profiler), so that a benchmark can leave its
+// warm-up out.
 func (e *Engine) ResetStats() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -600,6 +601,9 @@ func (e *Engine) ResetStats() {
 	e.stepsAtReset = e.steps.Load()
 	if c, ok := e.ranks.ranks[0].Exe.(backend.DeviceClock); ok {
 		c.ResetDeviceTime()
+	}
+	if p, ok := e.ranks.ranks[0].Exe.(backend.Profiler); ok {
+		p.OpTimes() // which resets them
 	}
 }
 
