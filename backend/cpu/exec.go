@@ -29,6 +29,10 @@ type Program struct {
 	folded             int // how many nodes were evaluated at compile time
 	ranks              int // the ranks the graph needs: its largest collective group
 
+	// resident, when set (a deployment with a Resident predicate), holds the inputs the
+	// program keeps itself: the KV caches, off the Go heap (resident.go).
+	resident *residentSet
+
 	// onFree, when set (by tests), is told of every value a run releases.
 	onFree func(v *graph.Value)
 }
@@ -396,6 +400,11 @@ func (p *Program) bindInputs(inputs map[string]*tensor.Tensor, vals []*tensor.Te
 		t, ok := inputs[name]
 		if !ok {
 			errs = append(errs, fmt.Errorf("missing input %q (%s)", name, want))
+			continue
+		}
+		t, err := p.residentInput(name, t)
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		if err := t.Validate(); err != nil {

@@ -56,7 +56,16 @@ func (cpuBackend) Deploy(ctx context.Context, s backend.Spec) (*backend.Deployme
 		}
 		progs = []*Program{p}
 	}
-	d := &backend.Deployment{Device: "cpu", WeightBytes: progs[0].WeightBytes(), Close: func() error { return nil }}
+	for _, p := range progs {
+		p.keepResident(s.Resident)
+	}
+	d := &backend.Deployment{Device: "cpu", WeightBytes: progs[0].WeightBytes(), Close: func() error {
+		var errs []error
+		for _, p := range progs {
+			errs = append(errs, p.Release())
+		}
+		return errors.Join(errs...)
+	}}
 	for r, p := range progs {
 		d.Ranks = append(d.Ranks, r)
 		d.Programs = append(d.Programs, p)

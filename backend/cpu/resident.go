@@ -1,0 +1,161 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/loom-ml/loom/tensor"
+)
+
+// Resident inputs: the engine's KV caches kept by the program itself (backend.Resident), in
+// memory mapped outside the Go heap (offheap_unix.go). The engine then passes shape-only
+// tensors (kvcache.NewCacheShapes) and the program binds its own storage of that dtype and
+// shape in their place. Two things follow:
+//
+//   - a cache's pages are the kernel's zero pages until a step writes a slot, so a cache
+//     sized for 16 full-context sequences costs the memory of the tokens actually cached,
+//     not its full size;
+//   - the cache is not in the Go heap, so it does not raise the collector's heap goal: with
+//     a 1 GiB cache in the heap, GOGC=100 let a step's dead activations pile up to another
+//     GiB before a collection (the 2.1 GB peak RSS of serving 0.99 GB of weights).
+//
+// A tensor passed with its elements is used as given, as before.
+
+// residentSet is the resident state of a Program: which inputs it keeps, and their storage.
+type residentSet struct {
+	names []string // sorted
+	mu    sync.Mutex
+	bufs  map[string]*offHeap // by input name, made at the first run that binds the input
+}
+
+// keepResident makes p keep the graph inputs among names itself (see Resident); names that
+// are not inputs of p's graph are ignored.
+func (p *Program) keepResident(keep func(name string) bool) {
+	if keep == nil {
+		return
+	}
+	var names []string
+	for _, in := range p.inputs {
+		if keep(in.v.Name) {
+			names = append(names, in.v.Name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	p.resident = &residentSet{names: names, bufs: map[string]*offHeap{}}
+}
+
+// Resident names the inputs the program keeps itself (backend.Resident): on a deployment with
+// a Resident predicate, the KV caches. The caller may pass shape-only tensors for them.
+func (p *Program) Resident() []string {
+	if p.resident == nil {
+		return nil
+	}
+	return slices.Clone(p.resident.names)
+}
+
+// residentInput returns the tensor to bind for input name given t: t itself unless name is
+// resident and t has no elements but its shape needs some, else the program's own storage of
+// t's dtype and shape, zeroed when first made (a new shape replaces the old storage).
+func (p *Program) residentInput(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
+	rs := p.resident
+	if rs == nil || t == nil || t.Len() != 0 || t.Numel() == 0 {
+		return t, nil
+	}
+	if _, ok := slices.BinarySearch(rs.names, name); !ok {
+		return t, nil
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if b := rs.bufs[name]; b != nil {
+		if b.t.DType == t.DType && slices.Equal(b.t.Shape, t.Shape) {
+			return b.t, nil
+		}
+		if err := b.free(); err != nil {
+			return nil, fmt.Errorf("resident input %q: %w", name, err)
+		}
+		delete(rs.bufs, name)
+	}
+	b, err := newOffHeap(t.DType, t.Shape)
+	if err != nil {
+		return nil, fmt.Errorf("resident input %q: %w", name, err)
+	}
+	rs.bufs[name] = b
+	return b.t, nil
+}
+
+// ResidentBytes is the memory the program's resident inputs reserve (their full sizes; the
+// pages no step has written take no memory).
+func (p *Program) ResidentBytes() int64 {
+	if p.resident == nil {
+		return 0
+	}
+	p.resident.mu.Lock()
+	defer p.resident.mu.Unlock()
+	var n int64
+	for _, b := range p.resident.bufs {
+		n += int64(len(b.mem))
+	}
+	return n
+}
+
+// Release unmaps the program's resident inputs. The program must not run afterwards with
+// shape-only tensors for them (a later run maps them anew, zeroed).
+func (p *Program) Release() error {
+	if p.resident == nil {
+		return nil
+	}
+	p.resident.mu.Lock()
+	defer p.resident.mu.Unlock()
+	var errs []error
+	for name, b := range p.resident.bufs {
+		if err := b.free(); err != nil {
+			errs = append(errs, fmt.Errorf("resident input %q: %w", name, err))
+		}
+		delete(p.resident.bufs, name)
+	}
+	return errors.Join(errs...)
+}
+
+// offHeap is a tensor whose elements live in memory the Go heap does not manage.
+type offHeap struct {
+	t   *tensor.Tensor
+	mem []byte // the mapping (nil where the fallback allocates in the heap)
+}
+
+// newOffHeap maps zeroed storage for a float tensor of dtype dt and shape.
+func newOffHeap(dt tensor.DType, shape []int) (*offHeap, error) {
+	n := tensor.Numel(shape)
+	var size int
+	switch dt {
+	case tensor.F32:
+		size = 4
+	case tensor.BF16, tensor.F16:
+		size = 2
+	default:
+		return nil, fmt.Errorf("off-heap storage for %s%v: want f32, bf16 or f16", dt, shape)
+	}
+	mem, err := mapZeroed(n * size)
+	if err != nil {
+		return nil, fmt.Errorf("off-heap storage for %s%v (%d bytes): %w", dt, shape, n*size, err)
+	}
+	t := &tensor.Tensor{DType: dt, Shape: slices.Clone(shape)}
+	if size == 4 {
+		t.F32 = bytesAsF32(mem, n)
+	} else {
+		t.Half = bytesAsU16(mem, n)
+	}
+	return &offHeap{t: t, mem: mem}, nil
+}
+
+// free unmaps the storage; the tensor must not be used afterwards.
+func (b *offHeap) free() error {
+	b.t.F32, b.t.Half = nil, nil
+	mem := b.mem
+	b.mem = nil
+	return unmap(mem)
+}
