@@ -49,7 +49,7 @@ type moeTiles struct{ GateP, GateU, DownR, DownU int }
 
 var (
 	moeTokenTiles = moeTiles{1, 4, 1, 4}                             // one token (MT 1)
-	moeBatchTiles = moeTilesFromEnv(moeTiles{1, 2, 2, 2}, os.Getenv) // more (MT 8)
+	moeBatchTiles = moeTilesFromEnv(moeTiles{4, 1, 4, 1}, os.Getenv) // more (MT 8)
 )
 
 // moeTilesFromEnv reads LOOM_CUDA_MOE_TILES ("GateP,GateU,DownR,DownU", one of the tilings
@@ -70,9 +70,9 @@ func moeTilesFromEnv(def moeTiles, getenv func(string) string) moeTiles {
 // moeBatchTilings are the tilings of many tokens MOE_KERNELS instantiates (pairs of its
 // MOE_GATE_UP and MOE_DOWN of MT 8; a warp's 32 lanes finish GateP or DownR outputs of 8
 // tokens, so neither is above 4). On one H200, Qwen3-30B-A3B's layer at 64 tokens (about 4
-// a chosen expert), gate/up and down took 329 + 188 µs with {1,2,2,2}, the default, and 282 +
-// 155 µs with {4,1,4,1} (TestMoETimings, session 10). {4,1,4,1} becomes the default once
-// TestMoEMatchesCPU, which runs every tiling, has passed on a GPU with it.
+// a chosen expert), gate/up and down took 282 + 151 µs with {4,1,4,1}, the default, and 328 +
+// 189 µs with {1,2,2,2}; at 32 tokens 197 + 105 against 214 + 127 (TestMoETimings, session
+// 11).
 var moeBatchTilings = []moeTiles{{4, 1, 4, 1}, {1, 2, 2, 2}}
 
 // moeSteps is the number of moe's launches a call runs, in order router, routing, gate/up,

@@ -13,7 +13,8 @@
 //     expert: counts [L], offsets [L], the list active[] of experts with tokens (expert
 //     order), pos [T,k] (an assignment's row in the grouped order, -1 for an expert that is
 //     not local), tok [A] (the token of each grouped row) and the tensor-core tiles of
-//     MOE_BM rows (tile_e, tile_r); hdr = {active experts, tiles};
+//     MOE_BM rows (tile_e, tile_r); hdr = {active experts, tiles}. One token's grouping
+//     is the ranks of its choices, written by its warp (moe_group_one);
 //  3. the experts, on their own tokens only: gate and up with silu(g)*u in the epilogue ->
 //     h [A,I], then down -> y [A,H], both in x's dtype, rows in the grouped order. Either the
 //     grouped GEMV (moe_gate_up, moe_down: grid (row tiles, active-expert slots); a block
@@ -228,9 +229,9 @@ __device__ __forceinline__ bool moe_gt(float a, float b) { return a > b || (a !=
 // moe_route_token routes token t with the calling warp (see the file comment, step 2): its
 // softmax over the E logits (read through L2: a fused kernel's other blocks wrote them), the
 // top k, renormalised when asked -> ids[t*k..], wts[t*k..]. pr is the warp's E floats of
-// shared memory.
+// shared memory. Lane j < k returns the j-th choice's expert, the others -1.
 template <class X>
-__device__ __forceinline__ void moe_route_token(const typename X::T* logits, int* ids, float* wts, float* pr, int t,
+__device__ __forceinline__ int moe_route_token(const typename X::T* logits, int* ids, float* wts, float* pr, int t,
                                                 int E, int k, int normalize, int wround) {
   const int lane = threadIdx.x & 31;
   float mx = -LOOM_INF;
@@ -285,6 +286,7 @@ __device__ __forceinline__ void moe_route_token(const typename X::T* logits, int
     ids[(i64)t * k + lane] = idx;
     wts[(i64)t * k + lane] = moe_round(val, wround);
   }
+  return lane < k ? idx : -1;
 }
 
 // moe_last_block tells the blocks of a grid that have done their part whether they are the
@@ -372,6 +374,33 @@ __device__ __forceinline__ void moe_group(const int* ids, MoeMeta mm, int T, int
   }
 }
 
+// moe_group_one is moe_group for one token, with the calling warp alone: lane j < k holds
+// the token's j-th choice e (from moe_route_token). Each local chosen expert has one row, in
+// expert order, so the grouping is the ranks of the choices: the same metadata moe_group
+// writes for the experts with tokens (counts and offsets of the others are not written; no
+// kernel reads them), without its block-wide passes over all L experts.
+__device__ __forceinline__ void moe_group_one(int e, MoeMeta mm, int k, int L, int off) {
+  const int lane = threadIdx.x & 31;
+  const int le = e - off;
+  const bool local = lane < k && le >= 0 && le < L;
+  const unsigned mask = __ballot_sync(FULL_MASK, local);
+  int rank = 0;  // local choices of a lower expert: this one's row, tile and active slot
+  for (int i = 0; i < k; ++i) {
+    const int li = __shfl_sync(FULL_MASK, le, i);
+    if ((mask >> i & 1u) && li < le) ++rank;
+  }
+  if (local) {
+    mm.counts[le] = 1;
+    mm.offsets[le] = rank;
+    mm.active[rank] = le;
+    mm.tile_e[rank] = le;
+    mm.tile_r[rank] = 0;
+    mm.tok[rank] = 0;
+  }
+  if (lane < k) mm.pos[lane] = local ? rank : -1;
+  if (lane == 0) mm.hdr[0] = mm.hdr[1] = __popc(mask);
+}
+
 // moe_route: see the file comment (step 2). Grid ceil(T / MOE_WARPS), block MOE_WARPS warps,
 // dynamic shared memory MOE_WARPS * E floats; a warp a token, and the last block to finish
 // groups. wround codes weight_dtype as moe_round does. counter is zero before the launch and
@@ -383,6 +412,10 @@ __device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int*
   extern __shared__ float moe_probs[];
   pdl_begin();
   const int t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+  if (T == 1) {  // one block
+    if (t == 0) moe_group_one(moe_route_token<X>(logits, ids, wts, moe_probs, 0, E, k, normalize, wround), mm, k, L, off);
+    return;
+  }
   if (t < T) moe_route_token<X>(logits, ids, wts, moe_probs + (threadIdx.x >> 5) * E, t, E, k, normalize, wround);
   if (moe_last_block(counter)) moe_group(ids, mm, T, k, L, off);
 }
@@ -401,6 +434,10 @@ __device__ __forceinline__ void moe_router_route_impl(typename X::T* logits, con
   moe_router_rows<8, R, U, X, W>(logits, x, router, T, E, H);
   if (!moe_last_block(counter)) return;
   const int t = threadIdx.x >> 5;
+  if (T == 1) {
+    if (t == 0) moe_group_one(moe_route_token<X>(logits, ids, wts, moe_probs, 0, E, k, normalize, wround), mm, k, L, off);
+    return;
+  }
   if (t < T) moe_route_token<X>(logits, ids, wts, moe_probs + t * E, t, E, k, normalize, wround);
   __syncthreads();
   moe_group(ids, mm, T, k, L, off);
