@@ -21,7 +21,7 @@
 //     whose slot has no expert exits at once; each warp streams its weight rows once per
 //     chunk of MT of the expert's tokens, as gemv.cu streams them), or, for bf16 x and
 //     weights and many tokens per expert, the tensor-core GEMM (moe_mma_*: mma.sync
-//     m16n8k16 bf16, tiles of 64 grouped rows by 64 outputs, cp.async double buffering);
+//     m16n8k16 bf16, tiles of 64 grouped rows by 64 outputs, MOE_STAGES cp.async stages);
 //  4. moe_combine: per token and output element, its experts' rows of y in expert order: each product
 //     y·weight rounded to promote(x, weight_dtype) then to x's dtype, added rounding to x's
 //     dtype after each add; 0 for a token that chose no local expert.
@@ -43,6 +43,7 @@
 #define MOE_BN 64
 #define MOE_BK 32
 #define MOE_SP 40  // shared row pitch of the tensor-core tiles, in elements (80 bytes)
+#define MOE_STAGES 3  // tiles of MOE_BK in shared memory (45 KiB for gate/up, under 48 static)
 
 // Offsets of the metadata block (ints): hdr[0] active experts, hdr[1] tiles.
 struct MoeMeta {
@@ -673,13 +674,13 @@ __device__ __forceinline__ void moe_mma16816(float* c, const unsigned* a, unsign
 // w0ᵀ) * (A · w1ᵀ) with A the rows x[tok[p]] (w0 gate, w1 up, N = I, K = H); else y = A ·
 // w0ᵀ with A the rows h[p] (w0 down, N = H, K = I). Grid (ceil(N / MOE_BN), max tiles),
 // block 128 threads: 4 warps of 32 rows by 32 outputs. K is a multiple of 8; tiles of
-// MOE_BK go through shared memory with cp.async, two in flight.
+// MOE_BK go through shared memory with cp.async, MOE_STAGES - 1 in flight.
 template <bool GATED>
 __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const bf16* w0, const bf16* w1, MoeMeta mm,
                                              int N, int K) {
-  __shared__ __align__(16) bf16 As[2][MOE_BM][MOE_SP];
-  __shared__ __align__(16) bf16 B0s[2][MOE_BN][MOE_SP];
-  __shared__ __align__(16) bf16 B1s[GATED ? 2 : 1][GATED ? MOE_BN : 1][MOE_SP];
+  __shared__ __align__(16) bf16 As[MOE_STAGES][MOE_BM][MOE_SP];
+  __shared__ __align__(16) bf16 B0s[MOE_STAGES][MOE_BN][MOE_SP];
+  __shared__ __align__(16) bf16 B1s[GATED ? MOE_STAGES : 1][GATED ? MOE_BN : 1][MOE_SP];
   pdl_begin();
   const int tile = blockIdx.y;
   if (tile >= mm.hdr[1]) return;
@@ -726,17 +727,27 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
         acc0[a][b][c] = 0.f;
         if constexpr (GATED) acc1[a][b][c] = 0.f;
       }
+  // MOE_STAGES tiles in shared memory: while one is multiplied, the next MOE_STAGES - 1 are
+  // on their way (a decode batch has few rows an expert: the weights' stream is the work).
   const int nk = (K + MOE_BK - 1) / MOE_BK;
-  load(0, 0);
-  for (int kt = 0; kt < nk; ++kt) {
-    const int s = kt & 1;
-    if (kt + 1 < nk) {
-      load(s ^ 1, (kt + 1) * MOE_BK);
+#pragma unroll
+  for (int st = 0; st < MOE_STAGES - 1; ++st) {
+    if (st < nk) {
+      load(st, st * MOE_BK);
     } else {
       asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    __syncthreads();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    const int s = kt % MOE_STAGES;
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 2) : "memory");
+    __syncthreads();  // tile kt is in; every warp is done with tile kt - 1, whose stage is refilled
+    const int kn = kt + MOE_STAGES - 1;
+    if (kn < nk) {
+      load(kn % MOE_STAGES, kn * MOE_BK);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
 #pragma unroll
     for (int kk = 0; kk < MOE_BK; kk += 16) {
       unsigned a[2][4];
@@ -762,7 +773,6 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
         }
       }
     }
-    __syncthreads();
   }
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
