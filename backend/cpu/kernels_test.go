@@ -59,9 +59,11 @@ func linearInputs(rng *rand.Rand, M, N, K int, dw tensor.DType) (*tensor.Tensor,
 
 // linearShapes are the shapes of the bit-level kernel tests: M below, at and above the
 // four-row block, K below, at and off the multiples of 8 and 16, N off the group of four;
-// then three that run the 4x2 kernels many times, three of one row of x (gemvBF16).
+// then three that run the 4x2 kernels many times, three of one row of x (gemvBF16), two in
+// gemmRange's cache blocks (cacheBlocks: rows of x in blocks of 24 and 4, weight rows in
+// blocks of 36 and 4 for bf16, each with a shorter last block).
 var linearShapes = [][3]int{{1, 1, 1}, {1, 5, 7}, {1, 4, 8}, {1, 9, 16}, {2, 7, 24}, {4, 6, 40}, {5, 13, 67}, {9, 11, 129}, {1, 64, 896}, {6, 33, 300},
-	{16, 5, 64}, {19, 37, 203}, {18, 701, 1024}, {1, 13, 203}, {1, 37, 1000}, {1, 301, 96}}
+	{16, 5, 64}, {19, 37, 203}, {18, 701, 1024}, {1, 13, 203}, {1, 37, 1000}, {1, 301, 96}, {61, 150, 896}, {9, 29, 4864}}
 
 // TestPortableKernelsExact holds the portable set to its contract on amd64: linear gives the
 // reference kernel's bits (one accumulator per output in k order, no fused multiply-add).
