@@ -31,7 +31,7 @@ const (
 	moeWarps      = 8
 )
 
-// moePath forces the expert kernels: "gemv" or "mma"; "" lets moeUseMMA choose. The tests
+// moePath forces the expert kernels: "gemv", "mmv" or "mma"; "" lets moeKernelPath choose. The tests
 // set it; LOOM_CUDA_MOE_PATH sets it for a process (for measuring one path against the
 // other).
 var moePath = os.Getenv("LOOM_CUDA_MOE_PATH")
@@ -221,20 +221,25 @@ func MoE(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 	return d.do(func() error { return moe(d, out, x, router, gate, up, down, ws, counter, a) })
 }
 
-// moeUseMMA reports whether the experts run on the tensor cores: bf16 x and weights, and
-// more than 4 rows per active expert on average (A assignments over at most min(A, L)
-// experts); fewer go through the grouped GEMV. On one H200 with Qwen3-30B-A3B's layer
-// (TestMoETimings, session 10), at 64 tokens (4 a chosen expert) the GEMV took 552 µs with
-// the default tiling and 473 with {4,1,4,1}, the tensor cores 532; at 128 tokens the GEMV
-// 962 or 756, the tensor cores 531.
-func moeUseMMA(x, w tensor.DType, A, L int) bool {
-	switch moePath {
-	case "gemv":
-		return false
-	case "mma":
-		return x == tensor.BF16 && w == tensor.BF16
+// moeKernelPath picks the experts' kernels for A assignments of T tokens over at most
+// min(A, L) experts: "gemv", the grouped GEMV of f32 FMAs (f32 operands, and one token: the
+// fused decode kernels); "mmv", the tensor-core GEMV (bf16 x and weights, up to 16 rows an
+// active expert on average: each warp reads its weight rows once for 8 or 16 rows); "mma",
+// the tensor-core tiles of 64 rows (more). moePath, when set, forces one where the dtypes
+// allow it.
+func moeKernelPath(x, w tensor.DType, T, A, L int) string {
+	bf16 := x == tensor.BF16 && w == tensor.BF16
+	switch {
+	case moePath == "gemv" || !bf16:
+		return "gemv"
+	case moePath == "mma" || moePath == "mmv":
+		return moePath
+	case T == 1:
+		return "gemv"
+	case A <= 16*min(A, L):
+		return "mmv"
 	}
-	return x == tensor.BF16 && w == tensor.BF16 && A > 4*min(A, L)
+	return "mma"
 }
 
 func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAttrs) error {
@@ -292,7 +297,7 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 	}
 
 	xn, wn, rn := dtypeName(x.DType), dtypeName(gate.DType), dtypeName(router.DType)
-	mma := moeUseMMA(x.DType, gate.DType, lay.A, L)
+	path := moeKernelPath(x.DType, gate.DType, T, lay.A, L)
 	inst := fmt.Sprintf("MOE_KERNELS(%s, %s, %s, %s, %s, %s)", strings.ToUpper(xn), xn, strings.ToUpper(wn), wn, strings.ToUpper(rn), rn)
 	if x.DType == tensor.BF16 && gate.DType == tensor.BF16 {
 		inst += "\nMOE_MMA_KERNELS()"
@@ -359,7 +364,26 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 	}
 	// 3. The experts.
 	h, y := at(lay.h), at(lay.y)
-	if mma {
+	switch path {
+	case "mmv":
+		slots, nn := min(lay.A, L), 1
+		if lay.A > 8*slots {
+			nn = 2
+		}
+		rows := 16 * moeWarps
+		gu := cubind.Dim3{X: (I + rows - 1) / rows, Y: slots, Z: 1}
+		if err := launch(fmt.Sprintf("moe_mmv_gate_up_n%d", nn), gu, 32*moeWarps, 0, func(g *cubind.Args) {
+			g.Ptr(h).Ptr(x.ptr).Ptr(gate.ptr).Ptr(up.ptr).Struct(meta).I32(int32(I)).I32(int32(H))
+		}); err != nil || moeSteps < 4 {
+			return err
+		}
+		dn := cubind.Dim3{X: (H + rows - 1) / rows, Y: slots, Z: 1}
+		if err := launch(fmt.Sprintf("moe_mmv_down_n%d", nn), dn, 32*moeWarps, 0, func(g *cubind.Args) {
+			g.Ptr(y).Ptr(h).Ptr(down.ptr).Ptr(down.ptr).Struct(meta).I32(int32(H)).I32(int32(I))
+		}); err != nil {
+			return err
+		}
+	case "mma":
 		gu := cubind.Dim3{X: (I + 63) / 64, Y: lay.tiles, Z: 1}
 		if err := launch("moe_mma_gate_up", gu, 128, 0, func(g *cubind.Args) {
 			g.Ptr(h).Ptr(x.ptr).Ptr(gate.ptr).Ptr(up.ptr).Struct(meta).I32(int32(I)).I32(int32(H))
@@ -372,7 +396,7 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 		}); err != nil {
 			return err
 		}
-	} else {
+	default:
 		slots := min(lay.A, L)
 		tl := moeBatchTiles
 		if MT == 1 {

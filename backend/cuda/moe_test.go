@@ -176,7 +176,7 @@ func TestMoEMatchesCPU(t *testing.T) {
 		path  string
 		tiles moeTiles
 	}
-	variants := []variant{{"", moeBatchTiles}, {"mma", moeBatchTiles}}
+	variants := []variant{{"", moeBatchTiles}, {"mma", moeBatchTiles}, {"mmv", moeBatchTiles}}
 	for _, tl := range moeBatchTilings {
 		variants = append(variants, variant{"gemv", tl})
 	}
@@ -186,7 +186,7 @@ func TestMoEMatchesCPU(t *testing.T) {
 		want := cpuOp(t, "moe", c.attrs(), in...)[0]
 		scale := moeScale(c, in)
 		for _, v := range variants {
-			if v.path == "mma" && c.act != tensor.BF16 {
+			if (v.path == "mma" || v.path == "mmv") && c.act != tensor.BF16 {
 				continue
 			}
 			moePath, moeBatchTiles = v.path, v.tiles
@@ -362,7 +362,7 @@ func TestMoETimings(t *testing.T) {
 	for _, tl := range moeBatchTilings {
 		variants = append(variants, variant{"gemv", tl})
 	}
-	variants = append(variants, variant{"mma", moeBatchTiles})
+	variants = append(variants, variant{"mma", moeBatchTiles}, variant{"mmv", moeBatchTiles})
 	for _, T := range []int{1, 2, 8, 32, 64, 128, 256} {
 		xs := make([]*Tensor, nx)
 		for i := range xs {
@@ -372,7 +372,7 @@ func TestMoETimings(t *testing.T) {
 		ws := zeroed(t, d, tensor.I32, int(moeLayoutFor(T, H, E, E, I, k, 2).total)/4+1)
 		experts := E * (1 - math.Pow(1-float64(k)/E, float64(T)))
 		for vi, v := range variants {
-			if T == 1 && vi > 0 && vi < len(variants)-1 {
+			if T == 1 && vi > 0 && vi < len(variants)-2 {
 				continue // one token runs moeTokenTiles
 			}
 			moePath, moeBatchTiles = v.path, v.tiles

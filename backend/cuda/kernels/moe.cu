@@ -880,6 +880,105 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
       }
 }
 
+// ---- Tensor-core GEMV (bf16 x and weights, decode batches) ----
+
+// moe_mmv_impl is moe_gate_up / moe_down for a few rows an expert (a decode batch: the weights'
+// stream is the work, and f32 FMAs of up to 8 tokens on every weight hold the GEMV's warps to
+// few in flight): mma.sync m16n8k16 with 16 weight rows as A and 8 of the expert's grouped
+// rows as B, NN such groups at once, so the weights are read once for up to 8·NN rows and
+// the products cost the warp nothing. With GATED, h = silu(x[tok[p]] · w0ᵀ) * (x[tok[p]] ·
+// w1ᵀ) (w0 gate, w1 up, N = I, K = H); else y = h[p] · w0ᵀ (w0 down, N = H, K = I). Grid
+// (ceil(N / (16 · MOE_WARPS)), slots), block MOE_WARPS warps of 16 output rows each.
+//
+// Lane (g, c) = (lane / 4, lane % 4) loads its rows g and g + 8 of the weights, and row g of
+// the activations, at k = 16c .. 16c + 15 of every 64: two 16-byte loads a row, each lane
+// group of a row reading 128 contiguous bytes. The four k-steps of 16 take those values in
+// the order mma's fragments want them for a fixed permutation of k inside the 64 (step s
+// reads each lane's k = 16c + 4s .. 16c + 4s + 3), the same for weights and activations, so
+// the dot products are unchanged but for the order of their f32 sums. U chunks of 64 are in
+// flight at once.
+template <bool GATED, int NN, int U>
+__device__ __forceinline__ void moe_mmv_impl(bf16* out, const bf16* a_src, const bf16* w0, const bf16* w1, MoeMeta mm,
+                                             int N, int K) {
+  pdl_begin();
+  const int r0 = moe_warp() * 16;
+  if (r0 >= N) return;
+  int e, cnt, base;
+  if (!moe_slot(mm, e, cnt, base, false)) return;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const i64 ra = ((i64)e * N + min(r0 + g, N - 1)) * K, rb = ((i64)e * N + min(r0 + g + 8, N - 1)) * K;
+  const bf16* wr[2][2] = {{w0 + ra, w0 + rb}, {(GATED ? w1 : w0) + ra, (GATED ? w1 : w0) + rb}};
+  constexpr int NM = GATED ? 2 : 1;  // weight matrices
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  for (int m0 = 0; m0 < cnt; m0 += 8 * NN) {
+    const bf16* xr[NN];
+    bool xv[NN];
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+      const int t = m0 + nn * 8 + g;
+      xv[nn] = t < cnt;
+      const int p = base + (xv[nn] ? t : 0);
+      xr[nn] = a_src + (GATED ? (i64)mm.tok[p] : (i64)p) * K;
+    }
+    float acc[NM][NN][4];
+#pragma unroll
+    for (int mt = 0; mt < NM; ++mt)
+#pragma unroll
+      for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nn][i] = 0.f;
+    for (int k0 = 0; k0 < K; k0 += 64 * U) {
+      uint4 w[U][NM][2][2];  // [chunk][matrix][row g, g + 8][half]
+      uint4 xa[U][NN][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int k = k0 + 64 * u + 16 * c + 8 * hf;
+          const bool in = k < K;
+#pragma unroll
+          for (int mt = 0; mt < NM; ++mt)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) w[u][mt][rr][hf] = in ? ld_nc_v4(wr[mt][rr] + k) : z;
+#pragma unroll
+          for (int nn = 0; nn < NN; ++nn) xa[u][nn][hf] = in && xv[nn] ? __ldg((const uint4*)(xr[nn] + k)) : z;
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int hf = s >> 1;
+          const bool hi = s & 1;
+#pragma unroll
+          for (int mt = 0; mt < NM; ++mt) {
+            const uint4 A = w[u][mt][0][hf], B = w[u][mt][1][hf];
+            const unsigned a[4] = {hi ? A.z : A.x, hi ? B.z : B.x, hi ? A.w : A.y, hi ? B.w : B.y};
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) {
+              const uint4 X = xa[u][nn][hf];
+              moe_mma16816(acc[mt][nn], a, hi ? X.z : X.x, hi ? X.w : X.y);
+            }
+          }
+        }
+    }
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int row = r0 + g + 8 * hh, t = m0 + nn * 8 + 2 * c + q;
+          if (row >= N || t >= cnt) continue;
+          const i64 o = (i64)(base + t) * N + row;
+          if constexpr (GATED) {
+            moe_swiglu_store<BF16>(out, o, acc[0][nn][2 * hh + q], acc[NM - 1][nn][2 * hh + q]);
+          } else {
+            BF16::store(out, o, acc[0][nn][2 * hh + q]);
+          }
+        }
+  }
+}
+
 #define MOE_ROUTER(X, xn, W, wn, MT, R, U)                                                                        \
   extern "C" __global__ void __launch_bounds__(256)                                                              \
       moe_router_##xn##_##wn##_m##MT(X::T* logits, const X::T* x, const W::T* router, int T, int E, int H) {   \
@@ -948,7 +1047,17 @@ __device__ __forceinline__ void moe_mma_impl(bf16* out, const bf16* a_src, const
     moe_mma_impl<GATED>(out, a, w0, w1, mm, N, K);                                                                \
   }
 
+#define MOE_MMV(NAME, GATED, NN, U)                                                                             \
+  extern "C" __global__ void __launch_bounds__(256)                                                              \
+      NAME(bf16* out, const bf16* a, const bf16* w0, const bf16* w1, MoeMeta mm, int N, int K) {                 \
+    moe_mmv_impl<GATED, NN, U>(out, a, w0, w1, mm, N, K);                                                         \
+  }
+
 // MOE_MMA_KERNELS instantiates the tensor-core kernels (bf16 x and experts).
-#define MOE_MMA_KERNELS() \
-  MOE_MMA(moe_mma_gate_up, true) \
-  MOE_MMA(moe_mma_down, false)
+#define MOE_MMA_KERNELS()                     \
+  MOE_MMA(moe_mma_gate_up, true)              \
+  MOE_MMA(moe_mma_down, false)                \
+  MOE_MMV(moe_mmv_gate_up_n1, true, 1, 1)     \
+  MOE_MMV(moe_mmv_gate_up_n2, true, 2, 1)     \
+  MOE_MMV(moe_mmv_down_n1, false, 1, 2)       \
+  MOE_MMV(moe_mmv_down_n2, false, 2, 2)
