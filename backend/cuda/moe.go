@@ -221,25 +221,26 @@ func MoE(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 	return d.do(func() error { return moe(d, out, x, router, gate, up, down, ws, counter, a) })
 }
 
-// moeKernelPath picks the experts' kernels for A assignments of T tokens over at most
-// min(A, L) experts: "gemv", the grouped GEMV of f32 FMAs (f32 operands, and one token: the
-// fused decode kernels); "mmv", the tensor-core GEMV (bf16 x and weights, up to 16 rows an
-// active expert on average: each warp reads its weight rows once for 8 or 16 rows); "mma",
-// the tensor-core tiles of 64 rows (more). moePath, when set, forces one where the dtypes
-// allow it.
-func moeKernelPath(x, w tensor.DType, T, A, L int) string {
+// moeKernelPath picks the experts' kernels for A assignments over at most min(A, L)
+// experts: "mma", the tensor-core tiles of 64 rows, for bf16 x and weights with more than 4
+// rows an active expert on average; else "gemv", the grouped GEMV of f32 FMAs. "mmv", the
+// tensor-core GEMV (each warp reads 16 weight rows once for 8 or 16 grouped rows), runs only
+// when moePath asks for it: on one H200 with Qwen3-30B-A3B's layer (TestMoETimings, session
+// 11) its down projection took 86 µs at 64 tokens against the GEMV's 151 and the tiles' 157,
+// but its gate/up 295 against 281 and 337, and the whole model at 64 concurrent decoded at
+// 2,038 tok/s with it against 2,285 without (docs/PERFORMANCE.md). moePath, when set,
+// forces a path where the dtypes allow it (the tensor-core paths take bf16 only).
+func moeKernelPath(x, w tensor.DType, A, L int) string {
 	bf16 := x == tensor.BF16 && w == tensor.BF16
 	switch {
 	case moePath == "gemv" || !bf16:
 		return "gemv"
 	case moePath == "mma" || moePath == "mmv":
 		return moePath
-	case T == 1:
-		return "gemv"
-	case A <= 16*min(A, L):
-		return "mmv"
+	case A > 4*min(A, L):
+		return "mma"
 	}
-	return "mma"
+	return "gemv"
 }
 
 func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAttrs) error {
@@ -297,7 +298,7 @@ func moe(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 	}
 
 	xn, wn, rn := dtypeName(x.DType), dtypeName(gate.DType), dtypeName(router.DType)
-	path := moeKernelPath(x.DType, gate.DType, T, lay.A, L)
+	path := moeKernelPath(x.DType, gate.DType, lay.A, L)
 	inst := fmt.Sprintf("MOE_KERNELS(%s, %s, %s, %s, %s, %s)", strings.ToUpper(xn), xn, strings.ToUpper(wn), wn, strings.ToUpper(rn), rn)
 	if x.DType == tensor.BF16 && gate.DType == tensor.BF16 {
 		inst += "\nMOE_MMA_KERNELS()"
