@@ -395,6 +395,8 @@ func (p *Program) bindInputs(inputs map[string]*tensor.Tensor, vals []*tensor.Te
 		dim   int
 	}
 	bound := map[string]binding{}
+	var shapeOnly []*tensor.Tensor // resident inputs passed shape-only, and their names
+	var shapeNames []string
 	for _, in := range p.inputs {
 		name, want := in.v.Name, in.v.Type
 		t, ok := inputs[name]
@@ -402,10 +404,18 @@ func (p *Program) bindInputs(inputs map[string]*tensor.Tensor, vals []*tensor.Te
 			errs = append(errs, fmt.Errorf("missing input %q (%s)", name, want))
 			continue
 		}
-		t, err := p.residentInput(name, t)
+		kept, err := p.residentInput(name, t)
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if kept != t {
+			if i := slices.Index(shapeOnly, t); i >= 0 {
+				errs = append(errs, fmt.Errorf("inputs %q and %q are the same shape-only tensor: each resident input needs its own", shapeNames[i], name))
+				continue
+			}
+			shapeOnly, shapeNames = append(shapeOnly, t), append(shapeNames, name)
+			t = kept
 		}
 		if err := t.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("input %q: %w", name, err))

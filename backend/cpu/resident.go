@@ -3,8 +3,10 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"weak"
 
 	"github.com/loom-ml/loom/tensor"
 )
@@ -21,17 +23,19 @@ import (
 //     a 1 GiB cache in the heap, GOGC=100 let a step's dead activations pile up to another
 //     GiB before a collection (the 2.1 GB peak RSS of serving 0.99 GB of weights).
 //
-// A tensor passed with its elements is used as given, as before.
+// The storage belongs to the shape-only tensor passed, not to the input's name: each engine
+// on a model has caches of its own (its kvcache.Cache passes the same tensors at every step),
+// and the storage is unmapped once that tensor is garbage (runtime.AddCleanup) or at
+// Release. A tensor passed with its elements is used as given, as before.
 
 // residentSet is the resident state of a Program: which inputs it keeps, and their storage.
 type residentSet struct {
 	names []string // sorted
 	mu    sync.Mutex
-	bufs  map[string]*offHeap // by input name, made at the first run that binds the input
+	bufs  map[weak.Pointer[tensor.Tensor]]*offHeap // by the shape-only tensor they stand for
 }
 
-// keepResident makes p keep the graph inputs among names itself (see Resident); names that
-// are not inputs of p's graph are ignored.
+// keepResident makes p keep the graph inputs that keep names itself (see Resident).
 func (p *Program) keepResident(keep func(name string) bool) {
 	if keep == nil {
 		return
@@ -46,7 +50,7 @@ func (p *Program) keepResident(keep func(name string) bool) {
 		return
 	}
 	slices.Sort(names)
-	p.resident = &residentSet{names: names, bufs: map[string]*offHeap{}}
+	p.resident = &residentSet{names: names, bufs: map[weak.Pointer[tensor.Tensor]]*offHeap{}}
 }
 
 // Resident names the inputs the program keeps itself (backend.Resident): on a deployment with
@@ -59,8 +63,8 @@ func (p *Program) Resident() []string {
 }
 
 // residentInput returns the tensor to bind for input name given t: t itself unless name is
-// resident and t has no elements but its shape needs some, else the program's own storage of
-// t's dtype and shape, zeroed when first made (a new shape replaces the old storage).
+// resident and t has no elements but its shape needs some, else the storage of t, of t's
+// dtype and shape, zeroed when t is first seen.
 func (p *Program) residentInput(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	rs := p.resident
 	if rs == nil || t == nil || t.Len() != 0 || t.Numel() == 0 {
@@ -69,23 +73,32 @@ func (p *Program) residentInput(name string, t *tensor.Tensor) (*tensor.Tensor, 
 	if _, ok := slices.BinarySearch(rs.names, name); !ok {
 		return t, nil
 	}
+	key := weak.Make(t)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if b := rs.bufs[name]; b != nil {
-		if b.t.DType == t.DType && slices.Equal(b.t.Shape, t.Shape) {
-			return b.t, nil
+	if b := rs.bufs[key]; b != nil {
+		if b.t.DType != t.DType || !slices.Equal(b.t.Shape, t.Shape) {
+			return nil, fmt.Errorf("resident input %q: the tensor was %s%v at an earlier run, now %s%v", name, b.t.DType, b.t.Shape, t.DType, t.Shape)
 		}
-		if err := b.free(); err != nil {
-			return nil, fmt.Errorf("resident input %q: %w", name, err)
-		}
-		delete(rs.bufs, name)
+		return b.t, nil
 	}
 	b, err := newOffHeap(t.DType, t.Shape)
 	if err != nil {
 		return nil, fmt.Errorf("resident input %q: %w", name, err)
 	}
-	rs.bufs[name] = b
+	rs.bufs[key] = b
+	runtime.AddCleanup(t, rs.drop, key)
 	return b.t, nil
+}
+
+// drop unmaps the storage of a shape-only tensor that is gone.
+func (rs *residentSet) drop(key weak.Pointer[tensor.Tensor]) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if b := rs.bufs[key]; b != nil {
+		_ = b.free() // nothing to report to: the tensor is gone; munmap of our mapping does not fail
+		delete(rs.bufs, key)
+	}
 }
 
 // ResidentBytes is the memory the program's resident inputs reserve (their full sizes; the
@@ -103,8 +116,8 @@ func (p *Program) ResidentBytes() int64 {
 	return n
 }
 
-// Release unmaps the program's resident inputs. The program must not run afterwards with
-// shape-only tensors for them (a later run maps them anew, zeroed).
+// Release unmaps the storage of every resident input. A later run with a shape-only tensor
+// maps zeroed storage anew.
 func (p *Program) Release() error {
 	if p.resident == nil {
 		return nil
@@ -112,11 +125,11 @@ func (p *Program) Release() error {
 	p.resident.mu.Lock()
 	defer p.resident.mu.Unlock()
 	var errs []error
-	for name, b := range p.resident.bufs {
+	for key, b := range p.resident.bufs {
 		if err := b.free(); err != nil {
-			errs = append(errs, fmt.Errorf("resident input %q: %w", name, err))
+			errs = append(errs, fmt.Errorf("resident input: %w", err))
 		}
-		delete(p.resident.bufs, name)
+		delete(p.resident.bufs, key)
 	}
 	return errors.Join(errs...)
 }
