@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 17's single-GPU runs in one device call (kind nvidia-h200): the moe kernel tests over
 # path and tiling, the per-launch timings, then Qwen3-30B-A3B at all 48 layers, batch 1 and 64
-# concurrent, with the default experts' kernels and with the tensor-core GEMV (mmv). Build here (no Go there) into a folder
-# .git/info/exclude ignores, and carry it:
+# concurrent, with the default experts' kernels and with the tensor-core GEMV (mmv). Build
+# here (no Go there) into a folder .git/info/exclude ignores, and carry it:
 #   mkdir -p .bin/me && CGO_ENABLED=0 go build -o .bin/me/loom ./cmd/loom
 #   CGO_ENABLED=0 go test -c -o .bin/me/cuda.test ./backend/cuda
 # then run there: bash tools/gpu_moe_runs.sh (BIN=.bin/me by default). The 57 GB checkpoint is
