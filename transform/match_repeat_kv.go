@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/loom-ml/loom/graph"
+	"github.com/loom-ml/loom/transform/pattern"
 )
 
 // MatchRepeatKV replaces Hugging Face's repeat_kv, written as reshape/expand/reshape, with one
@@ -27,14 +28,12 @@ func runMatchRepeatKV(_ context.Context, _ *Context, g *graph.Graph, _ any) (Inf
 	if err != nil {
 		return Info{}, err
 	}
-	for _, m := range ms {
+	err = pattern.ReplaceAll(ms, func(m *pattern.Match, b *graph.Builder) ([]*graph.Value, error) {
 		n, _ := r.factor(m)
-		err := m.Replace(func(b *graph.Builder) ([]*graph.Value, error) {
-			return []*graph.Value{b.Op("repeat_kv", graph.Attrs{"n": n}, m.Get(r.x))}, nil
-		})
-		if err != nil {
-			return Info{}, err
-		}
+		return []*graph.Value{b.Op("repeat_kv", graph.Attrs{"n": n}, m.Get(r.x))}, nil
+	})
+	if err != nil {
+		return Info{}, err
 	}
 	return Info{Matches: len(ms), Clean: true, ValidShapes: true}, nil
 }

@@ -81,14 +81,12 @@ func runMatchRMSNorm(_ context.Context, _ *Context, g *graph.Graph, _ any) (Info
 	if err != nil {
 		return Info{}, err
 	}
-	for _, m := range ms {
+	err = pattern.ReplaceAll(ms, func(m *pattern.Match, b *graph.Builder) ([]*graph.Value, error) {
 		eps, _ := scalarConst(m, r.eps, tensor.F32)
-		err := m.Replace(func(b *graph.Builder) ([]*graph.Value, error) {
-			return []*graph.Value{b.Op("rmsnorm", graph.Attrs{"eps": eps}, m.Get(r.x), m.Get(r.w))}, nil
-		})
-		if err != nil {
-			return Info{}, err
-		}
+		return []*graph.Value{b.Op("rmsnorm", graph.Attrs{"eps": eps}, m.Get(r.x), m.Get(r.w))}, nil
+	})
+	if err != nil {
+		return Info{}, err
 	}
 	return Info{Matches: len(ms), Clean: true, ValidShapes: true}, nil
 }

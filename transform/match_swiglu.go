@@ -37,13 +37,11 @@ func runMatchSwiGLU(_ context.Context, _ *Context, g *graph.Graph, _ any) (Info,
 	if err != nil {
 		return Info{}, err
 	}
-	for _, m := range ms {
-		err := m.Replace(func(b *graph.Builder) ([]*graph.Value, error) {
-			return []*graph.Value{b.Op("swiglu", nil, m.Get(gate), m.Get(up))}, nil
-		})
-		if err != nil {
-			return Info{}, err
-		}
+	err = pattern.ReplaceAll(ms, func(m *pattern.Match, b *graph.Builder) ([]*graph.Value, error) {
+		return []*graph.Value{b.Op("swiglu", nil, m.Get(gate), m.Get(up))}, nil
+	})
+	if err != nil {
+		return Info{}, err
 	}
 	return Info{Matches: len(ms), Clean: true, ValidShapes: true}, nil
 }
