@@ -3,6 +3,7 @@ package pattern
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 
 	"github.com/loom-ml/loom/graph"
@@ -111,10 +112,16 @@ func Rewrite(g *graph.Graph, olds []*graph.Value, build BuildFunc) error {
 // the values to replace; candidates are the nodes that may be deleted once nothing uses
 // them (the producers of olds are always candidates).
 func rewrite(g *graph.Graph, olds []*graph.Value, candidates []*graph.Node, scope string, build BuildFunc) error {
-	pos := make(map[*graph.Node]int, len(g.Nodes))
-	for i, n := range g.Nodes {
-		pos[n] = i
+	want := make(map[*graph.Node]bool, len(olds)+len(candidates))
+	for _, o := range olds {
+		if o != nil && o.Producer != nil {
+			want[o.Producer] = true
+		}
 	}
+	for _, n := range candidates {
+		want[n] = true
+	}
+	pos := positions(g.Nodes, want)
 	isOld := map[*graph.Value]bool{}
 	for _, o := range olds {
 		if o == nil || o.Producer == nil {
@@ -148,6 +155,17 @@ func rewrite(g *graph.Graph, olds []*graph.Value, candidates []*graph.Node, scop
 	added := append([]*graph.Node(nil), g.Nodes[start:]...)
 	if err == nil {
 		err = checkReplacements(olds, outs)
+	}
+	if err == nil { // where the values the new nodes read are defined
+		clear(want)
+		for _, n := range added {
+			for _, in := range n.Inputs {
+				if in != nil && in.Producer != nil {
+					want[in.Producer] = true
+				}
+			}
+		}
+		maps.Copy(pos, positions(g.Nodes[:start], want))
 	}
 	var at int
 	var hoist []*graph.Node
@@ -204,6 +222,18 @@ func rewrite(g *graph.Graph, olds []*graph.Value, candidates []*graph.Node, scop
 		}
 	}
 	return nil
+}
+
+// positions returns the index in nodes of each node of want that is there: one pass, with no
+// map of the whole graph (built on every rewrite, that map was most of a rewrite's time).
+func positions(nodes []*graph.Node, want map[*graph.Node]bool) map[*graph.Node]int {
+	pos := make(map[*graph.Node]int, len(want))
+	for i, n := range nodes {
+		if want[n] {
+			pos[n] = i
+		}
+	}
+	return pos
 }
 
 // checkReplacements checks that outs can replace olds one for one.
