@@ -17,6 +17,9 @@ import (
 //	prefill128: one request of 128 prompt tokens and 1 new token (the time to first token)
 //	decode1:    one request of 8 prompt tokens and 32 new tokens
 //	decode8:    8 such requests at once (continuous batching: 8 sequences a step)
+//	serve1:     one request of 32 prompt tokens and 32 new tokens (loom bench --input-len 32
+//	            --output-len 32 --concurrency 1)
+//	serve8:     8 such requests at once (the same at --concurrency 8)
 //
 // Each reports ms per iteration and, for decode, output tokens per second.
 func BenchmarkCPUModel(b *testing.B) {
@@ -71,6 +74,8 @@ func BenchmarkCPUModel(b *testing.B) {
 		{"prefill128", 1, 128, 1},
 		{"decode1", 1, 8, 32},
 		{"decode8", 8, 8, 32},
+		{"serve1", 1, 32, 32},
+		{"serve8", 8, 32, 32},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			run(b, c.n, c.promptLen, c.newToks, -1) // warm-up

@@ -95,7 +95,7 @@ func BenchmarkLinearBatch(b *testing.B) {
 	const N, K = 9728, 896
 	rng := rand.New(rand.NewPCG(65, 66))
 	w := randBF16(rng, N, K)
-	for _, M := range []int{1, 4, 8, 16} {
+	for _, M := range []int{1, 4, 8, 16, 128} {
 		b.Run(fmt.Sprintf("M=%d", M), func(b *testing.B) {
 			f := kernelFn(b, fastLinear, "linear", nil, randF32(rng, M, K), w)
 			for b.Loop() {
