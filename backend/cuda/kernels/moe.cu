@@ -14,7 +14,7 @@
 //     order), pos [T,k] (an assignment's row in the grouped order, -1 for an expert that is
 //     not local), tok [A] (the token of each grouped row) and the tensor-core tiles of
 //     MOE_BM rows (tile_e, tile_r); hdr = {active experts, tiles}. One token's grouping
-//     is the ranks of its choices, routed by the whole block (moe_route_one, moe_group_one);
+//     is the ranks of its choices, written by its warp (moe_group_one);
 //  3. the experts, on their own tokens only: gate and up with silu(g)*u in the epilogue ->
 //     h [A,I], then down -> y [A,H], both in x's dtype, rows in the grouped order. Either the
 //     grouped GEMV (moe_gate_up, moe_down: grid (row tiles, active-expert slots); a block
@@ -230,9 +230,9 @@ __device__ __forceinline__ bool moe_gt(float a, float b) { return a > b || (a !=
 // moe_route_token routes token t with the calling warp (see the file comment, step 2): its
 // softmax over the E logits (read through L2: a fused kernel's other blocks wrote them), the
 // top k, renormalised when asked -> ids[t*k..], wts[t*k..]. pr is the warp's E floats of
-// shared memory.
+// shared memory. Lane j < k returns the j-th choice's expert, the others -1.
 template <class X>
-__device__ __forceinline__ void moe_route_token(const typename X::T* logits, int* ids, float* wts, float* pr, int t,
+__device__ __forceinline__ int moe_route_token(const typename X::T* logits, int* ids, float* wts, float* pr, int t,
                                                 int E, int k, int normalize, int wround) {
   const int lane = threadIdx.x & 31;
   float mx = -LOOM_INF;
@@ -287,6 +287,7 @@ __device__ __forceinline__ void moe_route_token(const typename X::T* logits, int
     ids[(i64)t * k + lane] = idx;
     wts[(i64)t * k + lane] = moe_round(val, wround);
   }
+  return lane < k ? idx : -1;
 }
 
 // moe_last_block tells the blocks of a grid that have done their part whether they are the
@@ -401,75 +402,6 @@ __device__ __forceinline__ void moe_group_one(int e, MoeMeta mm, int k, int L, i
   if (lane == 0) mm.hdr[0] = mm.hdr[1] = __popc(mask);
 }
 
-// moe_route_one routes the only token (T = 1) with the whole calling block and groups its
-// choices (moe_group_one): what moe_route_token computes, with the same bits, without its
-// serial chains. Every thread takes one exponential (summed by warp 0 in moe_route_token's
-// order) and one probability; the choices are ranks: each thread counts, over all E
-// probabilities read from shared memory, those that come before its own (NaN above every
-// number, ties to the lower index: the order of moe_route_token's rounds), a loop with no
-// early exit, so its loads do not wait on each other. k rounds of a warp's argmax, each a
-// chain of shuffles, took most of a decode layer's 9.3 µs of routing. sm is E doubles and E
-// floats of shared memory.
-template <class X>
-__device__ __forceinline__ void moe_route_one(const typename X::T* logits, int* ids, float* wts, float* sm, MoeMeta mm,
-                                              int E, int k, int normalize, int wround, int L, int off) {
-  __shared__ float s_max;
-  __shared__ double s_sum;
-  __shared__ int ch_e[MOE_MAX_K];
-  __shared__ float ch_p[MOE_MAX_K];
-  double* ex = (double*)sm;
-  float* pr = sm + 2 * E;
-  const int tid = threadIdx.x, lane = tid & 31;
-  for (int j = tid; j < E; j += blockDim.x) pr[j] = X::load_cg(logits, j);
-  __syncthreads();
-  if (tid < 32) {
-    float mx = -LOOM_INF;
-    for (int j = lane; j < E; j += 32) mx = fmaxf(mx, pr[j]);
-    mx = warp_max(mx);
-    if (lane == 0) s_max = mx;
-  }
-  __syncthreads();
-  for (int j = tid; j < E; j += blockDim.x) ex[j] = exp((double)pr[j] - (double)s_max);
-  __syncthreads();
-  if (tid < 32) {
-    double sum = 0.0;
-    for (int j = lane; j < E; j += 32) sum += ex[j];
-    sum = warp_sum_d(sum);
-    if (lane == 0) s_sum = sum;
-  }
-  __syncthreads();
-  for (int j = tid; j < E; j += blockDim.x) pr[j] = (float)(ex[j] / s_sum);
-  __syncthreads();
-  for (int i = tid; i < E; i += blockDim.x) {
-    const float p = pr[i];
-    int r = 0;
-#pragma unroll 8
-    for (int j = 0; j < E; ++j) {
-      const float q = pr[j];
-      r += moe_gt(q, p) || (j < i && !moe_gt(p, q));
-    }
-    if (r < k) {
-      ch_e[r] = i;
-      ch_p[r] = p;
-    }
-  }
-  __syncthreads();
-  if (tid < 32) {
-    float val = lane < k ? ch_p[lane] : 0.f;
-    const int idx = lane < k ? ch_e[lane] : -1;
-    if (normalize) {
-      double s = 0.0;
-      for (int j = 0; j < k; ++j) s += (double)__shfl_sync(FULL_MASK, val, j);
-      val /= (float)s;
-    }
-    if (lane < k) {
-      ids[lane] = idx;
-      wts[lane] = moe_round(val, wround);
-    }
-    moe_group_one(idx, mm, k, L, off);
-  }
-}
-
 // moe_route: see the file comment (step 2). Grid ceil(T / MOE_WARPS), block MOE_WARPS warps,
 // dynamic shared memory MOE_WARPS * E floats; a warp a token, and the last block to finish
 // groups. wround codes weight_dtype as moe_round does. counter is zero before the launch and
@@ -482,7 +414,7 @@ __device__ __forceinline__ void moe_route_impl(const typename X::T* logits, int*
   pdl_begin();
   const int t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
   if (T == 1) {  // one block
-    moe_route_one<X>(logits, ids, wts, moe_probs, mm, E, k, normalize, wround, L, off);
+    if (t == 0) moe_group_one(moe_route_token<X>(logits, ids, wts, moe_probs, 0, E, k, normalize, wround), mm, k, L, off);
     return;
   }
   if (t < T) moe_route_token<X>(logits, ids, wts, moe_probs + (threadIdx.x >> 5) * E, t, E, k, normalize, wround);
@@ -504,7 +436,7 @@ __device__ __forceinline__ void moe_router_route_impl(typename X::T* logits, con
   if (!moe_last_block(counter)) return;
   const int t = threadIdx.x >> 5;
   if (T == 1) {
-    moe_route_one<X>(logits, ids, wts, moe_probs, mm, E, k, normalize, wround, L, off);
+    if (t == 0) moe_group_one(moe_route_token<X>(logits, ids, wts, moe_probs, 0, E, k, normalize, wround), mm, k, L, off);
     return;
   }
   if (t < T) moe_route_token<X>(logits, ids, wts, moe_probs + t * E, t, E, k, normalize, wround);
