@@ -325,16 +325,20 @@ func TestMultiOutputNode(t *testing.T) {
 	}
 }
 
+// chainedSilus writes two silu patterns, the second reading the first's root, which is also
+// a graph output.
+func chainedSilus(b *graph.Builder, in *graph.Value) {
+	b.SetScope("model.layers.0.mlp")
+	y := b.Named("act", "mul", nil, in, b.Unary("sigmoid", in))
+	b.SetScope("model.layers.1.mlp")
+	z := b.Named("act2", "mul", nil, b.Unary("sigmoid", y), y)
+	b.SetScope("")
+	b.Output(b.Neg(z), y)
+}
+
 func TestReplace(t *testing.T) {
 	p, x := siluPattern()
-	g := build(t, tensor.F32, func(b *graph.Builder, in *graph.Value) {
-		b.SetScope("model.layers.0.mlp")
-		y := b.Named("act", "mul", nil, in, b.Unary("sigmoid", in))
-		b.SetScope("model.layers.1.mlp")
-		z := b.Named("act2", "mul", nil, b.Unary("sigmoid", y), y)
-		b.SetScope("")
-		b.Output(b.Neg(z), y)
-	})
+	g := build(t, tensor.F32, chainedSilus)
 	ms, err := p.FindAll(g)
 	if err != nil || len(ms) != 2 {
 		t.Fatalf("FindAll = %d matches, %v; want 2", len(ms), err)
