@@ -31,9 +31,9 @@ const (
 	moeWarps      = 8
 )
 
-// moePath forces the expert kernels: "gemv", "mmv" or "mma"; "" lets moeKernelPath choose. The tests
-// set it; LOOM_CUDA_MOE_PATH sets it for a process (for measuring one path against the
-// other).
+// moePath forces the expert kernels: "gemv", "mmv" or "mma"; "" lets moeKernelPath choose.
+// The tests set it; LOOM_CUDA_MOE_PATH sets it for a process (for measuring one path against
+// another).
 var moePath = os.Getenv("LOOM_CUDA_MOE_PATH")
 
 // moeFuseDecode runs a call of at most moeWarps tokens with the router and the routing in
