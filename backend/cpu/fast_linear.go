@@ -85,11 +85,13 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 // assembly of kernels_amd64.s.
 // gemvBF16, if not nil, replaces the groups for one row of x and bf16 weights (decode).
 // bf16Rows, if not nil, replaces both for bf16 weights (it converts x first: see bf16Path).
+// blockBF16, if not nil, replaces groupBF16 for a block of weight rows (gemmGroups).
 var (
 	groupBF16 = gemmGroupBF16
 	groupF32  = gemmGroupF32
 	gemvBF16  func(res, x []float32, w []uint16, N, K, lo, hi int)
 	bf16Rows  *bf16Path
+	blockBF16 func(res, xs []float32, w []uint16, M, N, K, lo, hi int)
 )
 
 // gemmRows computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and j < N over the worker
@@ -162,6 +164,10 @@ func cacheBlocks(M, K, wsize int) (mb, jb int) {
 // groups of four weight rows (lo a multiple of 4); wbuf is the widening buffer of f16
 // weights (4K elements).
 func gemmGroups(res, xs []float32, w *tensor.Tensor, wbuf *[]float32, M, N, K, lo, hi int) {
+	if blockBF16 != nil && w.DType == tensor.BF16 {
+		blockBF16(res, xs, w.Half, M, N, K, lo, hi)
+		return
+	}
 	var halfRows [4][]uint16
 	var rows [4][]float32
 	for j := lo; j < hi; j += 4 {

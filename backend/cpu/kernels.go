@@ -33,6 +33,10 @@ type kernelSet struct {
 	// gemvBF16, if set, computes res[j] = x·w[j,:] for lo <= j < hi: one row of x (decode)
 	// and bf16 weights [N,K], as groupBF16 would, in one call per worker chunk.
 	gemvBF16 func(res, x []float32, w []uint16, N, K, lo, hi int)
+	// blockBF16, if set, computes res[m*N+j] = x[m,:]·w[j,:] for every m < M and lo <= j <
+	// hi (lo a multiple of 4), x f32 [M,K] and bf16 weights [N,K], as groupBF16 would group
+	// by group, in fewer calls.
+	blockBF16 func(res, xs []float32, w []uint16, M, N, K, lo, hi int)
 	// bf16, if set, replaces groupBF16 and gemvBF16 in gemmRows and gemmRange: the set
 	// converts x once per call (see bf16Path).
 	bf16 *bf16Path
@@ -125,7 +129,7 @@ func kernelSetNamed(name string) (kernelSet, bool) {
 // sets between runs.
 func useKernelSet(s kernelSet) {
 	activeKernels = s
-	groupBF16, groupF32, gemvBF16, bf16Rows = s.groupBF16, s.groupF32, s.gemvBF16, s.bf16
+	groupBF16, groupF32, gemvBF16, bf16Rows, blockBF16 = s.groupBF16, s.groupF32, s.gemvBF16, s.bf16, s.blockBF16
 }
 
 var logKernelsOnce sync.Once

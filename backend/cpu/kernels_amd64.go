@@ -22,7 +22,8 @@ import (
 // x/sys/cpu checks that).
 var hasAVX2FMA = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
-var avx2Kernels = kernelSet{name: "avx2", groupBF16: avx2GroupBF16, groupF32: avx2GroupF32, gemvBF16: avx2GemvBF16, features: "avx2,fma"}
+var avx2Kernels = kernelSet{name: "avx2", groupBF16: avx2GroupBF16, groupF32: avx2GroupF32, gemvBF16: avx2GemvBF16,
+	blockBF16: avx2BlockBF16, features: "avx2,fma"}
 
 // platformKernels lists the kernel sets of this build besides the portable one, best first.
 func platformKernels() []kernelSet {
