@@ -16,19 +16,3 @@ func mapZeroed(n int) ([]byte, error) {
 
 // unmap leaves the memory to the collector.
 func unmap([]byte) error { return nil }
-
-// bytesAsF32 views the first 4n bytes of b as n float32s.
-func bytesAsF32(b []byte, n int) []float32 {
-	if n == 0 {
-		return []float32{}
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
-}
-
-// bytesAsU16 views the first 2n bytes of b as n uint16s.
-func bytesAsU16(b []byte, n int) []uint16 {
-	if n == 0 {
-		return []uint16{}
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), n)
-}

@@ -5,7 +5,6 @@ package cpu
 import (
 	"fmt"
 	"syscall"
-	"unsafe"
 )
 
 // mapZeroed maps n bytes of private anonymous memory: zero pages until written, outside the
@@ -30,20 +29,4 @@ func unmap(b []byte) error {
 		return fmt.Errorf("munmap %d bytes: %w", len(b), err)
 	}
 	return nil
-}
-
-// bytesAsF32 views the first 4n bytes of b (page-aligned) as n float32s.
-func bytesAsF32(b []byte, n int) []float32 {
-	if n == 0 {
-		return []float32{}
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
-}
-
-// bytesAsU16 views the first 2n bytes of b (page-aligned) as n uint16s.
-func bytesAsU16(b []byte, n int) []uint16 {
-	if n == 0 {
-		return []uint16{}
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), n)
 }

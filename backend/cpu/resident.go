@@ -156,11 +156,9 @@ func newOffHeap(dt tensor.DType, shape []int) (*offHeap, error) {
 	if err != nil {
 		return nil, fmt.Errorf("off-heap storage for %s%v (%d bytes): %w", dt, shape, n*size, err)
 	}
-	t := &tensor.Tensor{DType: dt, Shape: slices.Clone(shape)}
-	if size == 4 {
-		t.F32 = bytesAsF32(mem, n)
-	} else {
-		t.Half = bytesAsU16(mem, n)
+	t, err := tensor.FromBytes(dt, mem, shape...)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("off-heap storage for %s%v: %w", dt, shape, err), unmap(mem))
 	}
 	return &offHeap{t: t, mem: mem}, nil
 }
