@@ -88,8 +88,8 @@ func NewCache(spec Spec, numBlocks int) (*Cache, error) {
 
 // NewCacheShapes describes cache tensors of numBlocks blocks without allocating them: each
 // has its dtype and shape but no elements. It is for executables that keep the caches
-// themselves, on a device (see backend/cuda's Options.Resident), where host copies would
-// only waste memory.
+// themselves (the Resident option of backend/cuda, on the device, and of backend/cpu, in
+// memory outside the Go heap), where host copies would only waste memory.
 func NewCacheShapes(spec Spec, numBlocks int) (*Cache, error) {
 	return newCache(spec, numBlocks, func(dt tensor.DType, shape []int) *tensor.Tensor { return &tensor.Tensor{DType: dt, Shape: shape} })
 }
