@@ -39,9 +39,10 @@ func RunDiscard(ctx context.Context, exe Executable, inputs map[string]*tensor.T
 	return err
 }
 
-// Resident is an Executable that keeps some of its inputs itself, on its device (backend/cuda
-// with the engine's KV caches, which paged_attention updates in place): the caller passes
-// shape-only tensors for them (see kvcache.NewCacheShapes), and the host never holds a copy.
+// Resident is an Executable that keeps some of its inputs itself (the engine's KV caches,
+// which paged_attention updates in place: backend/cuda on its device, backend/cpu outside the
+// Go heap): the caller passes shape-only tensors for them (see kvcache.NewCacheShapes), and
+// holds no copy of its own.
 type Resident interface {
 	// Resident names the inputs the executable keeps.
 	Resident() []string
