@@ -228,7 +228,9 @@ func MoE(d *Device, out, x, router, gate, up, down, ws, counter *Tensor, a MoEAt
 // when moePath asks for it: on one H200 with Qwen3-30B-A3B's layer (TestMoETimings, session
 // 11) its down projection took 86 µs at 64 tokens against the GEMV's 151 and the tiles' 157,
 // but its gate/up 295 against 281 and 337, and the whole model at 64 concurrent decoded at
-// 2,038 tok/s with it against 2,285 without (docs/PERFORMANCE.md). moePath, when set,
+// 2,038 tok/s with it (up to 16 rows an expert) against 2,285 without (docs/PERFORMANCE.md;
+// forced through moePath it also takes the prefill steps, where it re-reads each expert's
+// weights for every 16 rows). moePath, when set,
 // forces a path where the dtypes allow it (the tensor-core paths take bf16 only).
 func moeKernelPath(x, w tensor.DType, A, L int) string {
 	bf16 := x == tensor.BF16 && w == tensor.BF16
