@@ -18,8 +18,9 @@ import (
 // Loading weights: a param is read from the checkpoint into a page-locked (pinned) host
 // buffer, which the GPU copies by DMA at the bus's speed, and several params are read and
 // copied at once. Reading each into fresh Go memory and copying from there (pageable memory,
-// which the driver stages through buffers of its own, one copy at a time) loaded
-// Qwen3-30B-A3B's 57 GB in about two minutes.
+// which the driver stages through buffers of its own, one copy at a time) was most of a
+// two-minute load of Qwen3-30B-A3B's 57 GB; this way its 61 GB of params take 4.4-4.9 s on
+// an H200 host (docs/PERFORMANCE.md, session 11).
 const (
 	// uploadWorkers is how many params are read and copied at once, each worker with a
 	// pinned buffer and a stream of its own.
