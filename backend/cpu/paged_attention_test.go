@@ -33,6 +33,22 @@ func paProgram(t *testing.T, op string, attrs graph.Attrs, types ...graph.Type) 
 	return p
 }
 
+// paTypes are the input types of a paged_attention node over the S flattened tokens of
+// several sequences: x0 q [1,H,S,D], x1 k and x2 v [1,KV,S,D], x3 positions [1,S], x4 and x5
+// the caches of NB blocks of bs slots, x6 slot_mapping [S], x7 token_seq [S], x8
+// block_tables [N,M].
+func paTypes(dt tensor.DType, H, KV, D, bs int) []graph.Type {
+	S, sym := graph.Sym("S"), graph.Sym
+	cache := graph.Type{DType: dt, Shape: graph.Shape{sym("NB"), graph.D(bs), graph.D(KV), graph.D(D)}}
+	kv := graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(KV), S, graph.D(D)}}
+	perToken := graph.Type{DType: tensor.I32, Shape: graph.Shape{S}}
+	return []graph.Type{
+		{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(H), S, graph.D(D)}}, kv, kv,
+		{DType: tensor.I32, Shape: graph.Shape{graph.D(1), S}}, cache, cache, perToken, perToken,
+		{DType: tensor.I32, Shape: graph.Shape{sym("N"), sym("M")}},
+	}
+}
+
 // paFeeds names tensors x0, x1, ... as paProgram's inputs.
 func paFeeds(ts ...*tensor.Tensor) map[string]*tensor.Tensor {
 	m := map[string]*tensor.Tensor{}
@@ -147,18 +163,7 @@ func checkPagedSteps(t *testing.T, dt tensor.DType, bs, H, KV, D, window int, le
 	}
 	kc, vc := tensor.New(dt, NB, bs, KV, D), tensor.New(dt, NB, bs, KV, D)
 
-	sym := func(n string) graph.Dim { return graph.Sym(n) }
-	S := sym("S")
-	pa := paProgram(t, "paged_attention", attrs,
-		graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(H), S, graph.D(D)}},
-		graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(KV), S, graph.D(D)}},
-		graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(KV), S, graph.D(D)}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{graph.D(1), S}},
-		graph.Type{DType: dt, Shape: graph.Shape{sym("NB"), graph.D(bs), graph.D(KV), graph.D(D)}},
-		graph.Type{DType: dt, Shape: graph.Shape{sym("NB"), graph.D(bs), graph.D(KV), graph.D(D)}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{S}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{S}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{sym("N"), sym("M")}})
+	pa := paProgram(t, "paged_attention", attrs, paTypes(dt, H, KV, D, bs)...)
 
 	done := make([]int, len(lens))
 	tol := 1e-5

@@ -18,17 +18,7 @@ import (
 // slots (KV heads of D), resident when resident is set.
 func residentPA(t *testing.T, dt tensor.DType, H, KV, D, bs int, resident bool) *Program {
 	t.Helper()
-	S, sym := graph.Sym("S"), graph.Sym
-	p := paProgram(t, "paged_attention", graph.Attrs{"scale": 0.125, "window": 0},
-		graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(H), S, graph.D(D)}},
-		graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(KV), S, graph.D(D)}},
-		graph.Type{DType: dt, Shape: graph.Shape{graph.D(1), graph.D(KV), S, graph.D(D)}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{graph.D(1), S}},
-		graph.Type{DType: dt, Shape: graph.Shape{sym("NB"), graph.D(bs), graph.D(KV), graph.D(D)}},
-		graph.Type{DType: dt, Shape: graph.Shape{sym("NB"), graph.D(bs), graph.D(KV), graph.D(D)}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{S}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{S}},
-		graph.Type{DType: tensor.I32, Shape: graph.Shape{sym("N"), sym("M")}})
+	p := paProgram(t, "paged_attention", graph.Attrs{"scale": 0.125, "window": 0}, paTypes(dt, H, KV, D, bs)...)
 	if resident {
 		p.keepResident(func(name string) bool { return name == "x4" || name == "x5" })
 	}
