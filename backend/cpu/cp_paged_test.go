@@ -45,7 +45,7 @@ func TestPagedAttentionPartial(t *testing.T) {
 		}
 		want := mustRunOp(t, "attention_partial", attrs, q, block(k), block(v), tensor.FromI32(qpos, 1, 1, Sq), tensor.FromI32(kpos, 1, 1, Sk))
 		for i := range want[0].F32 {
-			if h := i / D / Sq; qseq[i/D%Sq] >= 0 && math.Abs(float64(got[0].F32[i]-want[0].F32[i])) > 1e-6 {
+			if h := i / D / Sq; qseq[i/D%Sq] >= 0 && !(math.Abs(float64(got[0].F32[i]-want[0].F32[i])) <= 1e-6) {
 				t.Fatalf("window %d: o[%d] (head %d) = %v, attention_partial %v", window, i, h, got[0].F32[i], want[0].F32[i])
 			}
 		}
@@ -54,7 +54,7 @@ func TestPagedAttentionPartial(t *testing.T) {
 			if qseq[i%Sq] < 0 {
 				w = float32(math.Inf(-1))
 			}
-			if math.IsInf(float64(w), -1) != math.IsInf(float64(g), -1) || !math.IsInf(float64(w), -1) && math.Abs(float64(g-w)) > 1e-5 {
+			if math.IsInf(float64(w), -1) != math.IsInf(float64(g), -1) || !math.IsInf(float64(w), -1) && !(math.Abs(float64(g-w)) <= 1e-5) {
 				t.Errorf("window %d: lse[%d] = %v, want %v", window, i, g, w)
 			}
 		}

@@ -94,7 +94,7 @@ func TestAttentionPartial(t *testing.T) {
 			checkTensorAbs(t, what+" o", got[0], tensor.F32, q.Shape, wantO, 1e-5)
 			for r, w := range wantL {
 				g := float64(got[1].F32[r])
-				if math.IsInf(w, -1) != math.IsInf(g, -1) || !math.IsInf(w, -1) && math.Abs(g-w) > 1e-5 {
+				if math.IsInf(w, -1) != math.IsInf(g, -1) || !math.IsInf(w, -1) && !(math.Abs(g-w) <= 1e-5) {
 					t.Errorf("%s lse[%d] = %v, want %v", what, r, g, w)
 				}
 			}
@@ -139,7 +139,7 @@ func TestAttentionMerge(t *testing.T) {
 		for i, want := range both {
 			for j, w := range want.F32 {
 				g := got[i].F32[j]
-				if math.IsInf(float64(w), -1) != math.IsInf(float64(g), -1) || !math.IsInf(float64(w), -1) && math.Abs(float64(g-w)) > 1e-6 {
+				if math.IsInf(float64(w), -1) != math.IsInf(float64(g), -1) || !math.IsInf(float64(w), -1) && !(math.Abs(float64(g-w)) <= 1e-6) {
 					t.Fatalf("output %d [%d] = %v, want %v (the partial over both blocks)", i, j, g, w)
 				}
 			}

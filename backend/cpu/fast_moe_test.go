@@ -198,7 +198,7 @@ func TestMoEProgramStackedWeights(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, v := range want[0].F32 {
-		if d := math.Abs(float64(got[0].F32[i] - v)); d > 1e-5 || (exactLinear() && d != 0) {
+		if d := math.Abs(float64(got[0].F32[i] - v)); !(d <= 1e-5) || (exactLinear() && d != 0) {
 			t.Fatalf("element %d: moe %v, the frontend's block %v", i, got[0].F32[i], v)
 		}
 	}

@@ -186,7 +186,7 @@ func TestFusedLayerMatchesPlain(t *testing.T) {
 			tol = 4 * ulp(act)
 		}
 		t.Logf("%s: largest difference %.3g, %.3g of the output's rms %.3g", act, worst, worst/rms, rms)
-		if worst > tol*rms || !slices.Equal(got[0].Shape, want[0].Shape) || got[0].DType != act {
+		if !(worst <= tol*rms) || !slices.Equal(got[0].Shape, want[0].Shape) || got[0].DType != act {
 			t.Errorf("%s: fused layer differs from the plain one by up to %.3g (rms %.3g, tolerance %.3g of it)", act, worst, rms, tol)
 		}
 	}
