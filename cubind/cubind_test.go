@@ -499,7 +499,7 @@ func TestGemmEx(t *testing.T) {
 			}
 			e := math.Abs(float64(got[m*N+n]) - want)
 			maxErr = max(maxErr, e)
-			if e > 1e-4 {
+			if !(e <= 1e-4) {
 				t.Errorf("y[%d,%d] = %v, want %v", m, n, got[m*N+n], want)
 			}
 		}

@@ -43,7 +43,7 @@ func near(a, b []float64, tol float64) bool {
 		return false
 	}
 	for i := range a {
-		if math.Abs(a[i]-b[i]) > tol {
+		if !(math.Abs(a[i]-b[i]) <= tol) { // a NaN is never near
 			return false
 		}
 	}
@@ -213,7 +213,7 @@ func TestLogprobs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.Token != tc.wantTok || math.Abs(float64(r.Logprob)-tc.wantLP) > 1e-6 {
+			if r.Token != tc.wantTok || !(math.Abs(float64(r.Logprob)-tc.wantLP) <= 1e-6) {
 				t.Errorf("token %d logprob %g, want %d %g", r.Token, r.Logprob, tc.wantTok, tc.wantLP)
 			}
 			if len(r.TopLogprobs) != len(tc.wantTop) {
@@ -221,7 +221,7 @@ func TestLogprobs(t *testing.T) {
 			}
 			for i, w := range tc.wantTop {
 				g := r.TopLogprobs[i]
-				if g.Token != w.Token || math.Abs(float64(g.Logprob-w.Logprob)) > 1e-6 {
+				if g.Token != w.Token || !(math.Abs(float64(g.Logprob-w.Logprob)) <= 1e-6) {
 					t.Errorf("top logprobs %v, want %v", r.TopLogprobs, tc.wantTop)
 					break
 				}

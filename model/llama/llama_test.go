@@ -153,13 +153,13 @@ func TestInvFreq(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, f := range inv {
-		if math.Abs(f-def(i, 16, 10000))/def(i, 16, 10000) > 1e-6 {
+		if !(math.Abs(f-def(i, 16, 10000))/def(i, 16, 10000) <= 1e-6) {
 			t.Errorf("default inv_freq[%d] = %g, want %g", i, f, def(i, 16, 10000))
 		}
 	}
 	lin, _, _ := invFreq(model.RopeConfig{Theta: 10000, Type: "linear", Factor: 4}, 16)
 	for i := range lin {
-		if math.Abs(lin[i]*4-inv[i])/inv[i] > 1e-6 {
+		if !(math.Abs(lin[i]*4-inv[i])/inv[i] <= 1e-6) {
 			t.Errorf("linear inv_freq[%d] = %g, want %g / 4", i, lin[i], inv[i])
 		}
 	}
@@ -171,11 +171,11 @@ func TestInvFreq(t *testing.T) {
 		wave := 2 * math.Pi / base
 		switch {
 		case wave < 8:
-			if math.Abs(l3[i]-base)/base > 1e-6 {
+			if !(math.Abs(l3[i]-base)/base <= 1e-6) {
 				t.Errorf("llama3 high-frequency inv_freq[%d] = %g, want unchanged %g", i, l3[i], base)
 			}
 		case wave > 32:
-			if math.Abs(l3[i]*8-base)/base > 1e-6 {
+			if !(math.Abs(l3[i]*8-base)/base <= 1e-6) {
 				t.Errorf("llama3 low-frequency inv_freq[%d] = %g, want %g / 8", i, l3[i], base)
 			}
 		default:
