@@ -194,6 +194,10 @@ func TestMultiProcEngineTP2(t *testing.T) {
 			e, closeRank0 := startRank0(t, ctx, dir, port, eo)
 			t.Logf("two processes ready in %v", time.Since(start).Round(time.Millisecond))
 			got := generateAll(t, e, reqs)
+			// Hugging Face's greedy tokens; past a near tie the rest is generated again by the
+			// two processes from the teacher-forced prefix, so a tie at step 0 cannot end the
+			// comparison (fewer than half the steps compared fails).
+			checkGreedyAll(t, ref, got, engineGen(t, e))
 			closeRank0()
 			if err := r1.wait(t, 30*time.Second); err != nil {
 				t.Errorf("rank 1 exited with %v after rank 0's goodbye, want 0", err)
@@ -219,12 +223,6 @@ func TestMultiProcEngineTP2(t *testing.T) {
 				}
 				sameUpToTie(t, fmt.Sprintf("request %d multi-process vs in-process tp=2", i), got[i], inproc[i], p.GreedyMargins)
 				sameUpToTie(t, fmt.Sprintf("request %d multi-process vs CPU", i), got[i], cpu[i], p.GreedyMargins)
-				checkGreedy(t, func(prompt []int, n int) ([]int, error) {
-					if len(prompt) == len(p.IDs) {
-						return got[i], nil
-					}
-					return nil, fmt.Errorf("the multi-process engine is closed: no run past the near tie at step %d", len(prompt)-len(p.IDs)-1)
-				}, p)
 			}
 		})
 	}
