@@ -41,6 +41,9 @@ func TestFixtures(t *testing.T) {
 			if err := json.Unmarshal(data, &ref); err != nil {
 				t.Fatal(err)
 			}
+			if len(ref.Chat.Messages) == 0 || ref.Chat.Rendered == "" || len(ref.Chat.IDs) == 0 {
+				t.Fatalf("reference.json has no chat case (%d messages, rendered %q, %d ids)", len(ref.Chat.Messages), ref.Chat.Rendered, len(ref.Chat.IDs))
+			}
 			tmpl, err := Load(dir)
 			if err != nil {
 				t.Fatal(err)

@@ -3,12 +3,10 @@ package server
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -19,18 +17,14 @@ import (
 
 	"github.com/loom-ml/loom/chattemplate"
 	"github.com/loom-ml/loom/engine"
+	"github.com/loom-ml/loom/internal/parity"
 )
 
 // realEnv is a server in front of a real engine on a fixture checkpoint.
 type realEnv struct {
 	testEnv
 	engine *engine.Engine
-	ref    []refPrompt
-}
-
-type refPrompt struct {
-	IDs          []int `json:"ids"`
-	GreedyNewIDs []int `json:"greedy_new_ids"`
+	ref    []parity.Prompt // the fixture's reference prompts, validated by parity.Load
 }
 
 var (
@@ -114,14 +108,8 @@ func newRealEnvConfig(t *testing.T, dir string, opts engine.Options, wrap func(e
 			t.Errorf("serve: %v", err)
 		}
 	})
-	data, err := os.ReadFile(filepath.Join("..", "testdata", dir, "reference.json"))
+	ref, err := parity.Load(filepath.Join("..", "testdata", dir))
 	if err != nil {
-		t.Fatal(err)
-	}
-	var ref struct {
-		Prompts []refPrompt `json:"prompts"`
-	}
-	if err := json.Unmarshal(data, &ref); err != nil {
 		t.Fatal(err)
 	}
 	base := "http://" + ln.Addr().String()

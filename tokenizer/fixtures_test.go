@@ -43,6 +43,13 @@ func loadReference(t testing.TB, dir string) reference {
 	if err := json.Unmarshal(data, &ref); err != nil {
 		t.Fatalf("%s: %v", dir, err)
 	}
+	// A reference without cases would make every test over it pass without a check.
+	switch {
+	case len(ref.Tokenize) == 0:
+		t.Fatalf("%s: reference.json has no tokenize cases", dir)
+	case ref.Chat.Rendered == "" || len(ref.Chat.IDs) == 0:
+		t.Fatalf("%s: reference.json has no rendered chat with its ids", dir)
+	}
 	return ref
 }
 
