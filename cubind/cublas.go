@@ -13,9 +13,11 @@ type DataType int32
 
 // Element types (cudaDataType_t values).
 const (
-	R32F  DataType = 0  // CUDA_R_32F
-	R16F  DataType = 2  // CUDA_R_16F
-	R16BF DataType = 14 // CUDA_R_16BF
+	R32F   DataType = 0  // CUDA_R_32F
+	R16F   DataType = 2  // CUDA_R_16F
+	R16BF  DataType = 14 // CUDA_R_16BF
+	R8E4M3 DataType = 28 // CUDA_R_8F_E4M3 (float8_e4m3fn)
+	R8E5M2 DataType = 29 // CUDA_R_8F_E5M2
 )
 
 // ComputeType is a cublasComputeType_t: the precision a GEMM accumulates in.

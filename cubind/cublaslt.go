@@ -21,11 +21,28 @@ type MatmulDescAttribute int32
 
 // Matmul descriptor attributes (cublasLtMatmulDescAttributes_t values).
 const (
-	MatmulDescComputeType MatmulDescAttribute = 0 // CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, int32
-	MatmulDescScaleType   MatmulDescAttribute = 1 // CUBLASLT_MATMUL_DESC_SCALE_TYPE, int32
-	MatmulDescPointerMode MatmulDescAttribute = 2 // CUBLASLT_MATMUL_DESC_POINTER_MODE, int32
-	MatmulDescTransA      MatmulDescAttribute = 3 // CUBLASLT_MATMUL_DESC_TRANSA, int32 (cublasOperation_t)
-	MatmulDescTransB      MatmulDescAttribute = 4 // CUBLASLT_MATMUL_DESC_TRANSB, int32 (cublasOperation_t)
+	MatmulDescComputeType MatmulDescAttribute = 0  // CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, int32
+	MatmulDescScaleType   MatmulDescAttribute = 1  // CUBLASLT_MATMUL_DESC_SCALE_TYPE, int32
+	MatmulDescPointerMode MatmulDescAttribute = 2  // CUBLASLT_MATMUL_DESC_POINTER_MODE, int32
+	MatmulDescTransA      MatmulDescAttribute = 3  // CUBLASLT_MATMUL_DESC_TRANSA, int32 (cublasOperation_t)
+	MatmulDescTransB      MatmulDescAttribute = 4  // CUBLASLT_MATMUL_DESC_TRANSB, int32 (cublasOperation_t)
+	MatmulDescAScalePtr   MatmulDescAttribute = 17 // CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, device pointer
+	MatmulDescBScalePtr   MatmulDescAttribute = 18 // CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, device pointer
+	MatmulDescFastAccum   MatmulDescAttribute = 25 // CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8 (0: FP8 sums promoted to f32)
+	MatmulDescAScaleMode  MatmulDescAttribute = 31 // CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32 (MatrixScale)
+	MatmulDescBScaleMode  MatmulDescAttribute = 32 // CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32 (MatrixScale)
+)
+
+// MatrixScale is a cublasLtMatmulMatrixScale_t: what an FP8 operand's scale pointer holds.
+// D = scaleA ⊙ scaleB ⊙ (op(A)·op(B)), op(A) being m×k and op(B) k×n.
+type MatrixScale int32
+
+// Scale modes (cublasLtMatmulMatrixScale_t values).
+const (
+	ScaleScalar32F      MatrixScale = 0 // CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: one f32 for the matrix
+	ScaleOuterVec32F    MatrixScale = 3 // CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: f32 per row of op(A) (m) or per column of op(B) (n)
+	ScaleVec128_32F     MatrixScale = 4 // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: f32 per 128 consecutive k of a row or column
+	ScaleBlk128x128_32F MatrixScale = 5 // CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: f32 per 128x128 block
 )
 
 // MatmulPreferenceAttribute is a cublasLtMatmulPreferenceAttributes_t.
@@ -170,6 +187,17 @@ func (d MatmulDesc) SetInt32(attr MatmulDescAttribute, v int32) error {
 	rc := fnLtMatmulDescSetAttribute(uintptr(d), int32(attr), unsafe.Pointer(&v), unsafe.Sizeof(v))
 	if err := cublasErr("cublasLtMatmulDescSetAttribute", rc); err != nil {
 		return fmt.Errorf("attribute %d = %d: %w", attr, v, err)
+	}
+	return nil
+}
+
+// SetPointer sets a device-pointer attribute of the descriptor (MatmulDescAScalePtr,
+// MatmulDescBScalePtr).
+func (d MatmulDesc) SetPointer(attr MatmulDescAttribute, p DevicePtr) error {
+	v := uint64(p)
+	rc := fnLtMatmulDescSetAttribute(uintptr(d), int32(attr), unsafe.Pointer(&v), unsafe.Sizeof(v))
+	if err := cublasErr("cublasLtMatmulDescSetAttribute", rc); err != nil {
+		return fmt.Errorf("attribute %d = %#x: %w", attr, v, err)
 	}
 	return nil
 }

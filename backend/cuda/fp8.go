@@ -134,22 +134,24 @@ func init() {
 			if len(out) > len(n.Outputs) {
 				ws = out[len(n.Outputs)]
 			}
-			return linearFP8(d, out[0], in[0], in[1], in[2], ws, s)
+			return linearFP8(d, out[0], in[0], in[1], in[2], ws, s, n.Attrs.String("activation_scheme"))
 		},
 	}
 }
 
-// linearFP8Workspace is the bytes of the dequantized weight [N,K] in x's dtype when x has
-// more rows than the FP8 GEMV takes; else none.
+// linearFP8Workspace is, when x has more rows than the FP8 GEMV takes, the bytes of the
+// dequantized weight [N,K] in x's dtype, or the FP8 GEMM's if more (the GEMM falls back to
+// dequantizing where cuBLASLt has no algorithm); else none.
 func linearFP8Workspace(n *graph.Node, in [][]int) int64 {
 	x, w := in[0], in[1]
 	if len(x) < 1 || len(w) != 2 || x[len(x)-1] == 0 {
 		return 0
 	}
-	if tensor.Numel(x)/x[len(x)-1] <= fp8GemvMaxM {
+	M := tensor.Numel(x) / x[len(x)-1]
+	if M <= fp8GemvMaxM {
 		return 0
 	}
-	return int64(w[0]) * int64(w[1]) * int64(n.Inputs[0].Type.DType.Size())
+	return max(int64(w[0])*int64(w[1])*int64(n.Inputs[0].Type.DType.Size()), fp8GemmWorkspace(M, w[0], w[1]))
 }
 
 // DequantizeFP8 runs graph op dequantize_fp8: out[N,K] (f32, bf16 or f16) = decode(w[N,K]) *
@@ -201,30 +203,38 @@ func dequantizeFP8(d *Device, out, w, scale *Tensor, s fp8Scheme) error {
 }
 
 // LinearFP8 runs graph op linear_fp8: out[...,N] = x[...,K] · dequantize_fp8(w[N,K], scale)ᵀ
-// in x's dtype (bf16 or f32), scheme and block as for DequantizeFP8. ws is the workspace
-// for more than fp8GemvMaxM rows of x: at least N*K elements of x's dtype (nil otherwise).
-func LinearFP8(d *Device, out, x, w, scale, ws *Tensor, scheme string, block []int) error {
+// in x's dtype (bf16 or f32), scheme and block as for DequantizeFP8, activation its
+// activation_scheme (none, dynamic or static: see fp8_gemm.go for what the GPU makes of
+// the last two). ws is the workspace for more than fp8GemvMaxM rows of x: at least
+// linearFP8Workspace's bytes (nil otherwise).
+func LinearFP8(d *Device, out, x, w, scale, ws *Tensor, scheme string, block []int, activation string) error {
 	s, err := newFP8Scheme(scheme, block)
 	if err != nil {
 		return fmt.Errorf("cuda: linear_fp8: %w", err)
 	}
-	return d.do(func() error { return linearFP8(d, out, x, w, scale, ws, s) })
+	return d.do(func() error { return linearFP8(d, out, x, w, scale, ws, s, activation) })
 }
 
-// warnFP8Batches logs, for a graph with FP8 linears, what steps of more than fp8GemvMaxM
-// rows cost: each such linear dequantizes its whole weight into the workspace at every step
-// before cuBLAS (there is no FP8 GEMM yet), so batches run slower than with bf16 weights.
+// warnFP8Batches logs, for a graph with FP8 linears that the FP8 GEMM cannot take (weights
+// whose checkpoint keeps activations unquantized, e5m2 or block-scaled weights), what steps
+// of more than fp8GemvMaxM rows cost: such a linear dequantizes its whole weight into the
+// workspace at every step before cuBLAS, slower than bf16 weights.
 func warnFP8Batches(g *graph.Graph) {
 	for _, n := range g.Nodes {
-		if n.Op == "linear_fp8" {
-			slog.Warn("cuda: FP8 linears run a GEMV up to a few rows a step; larger steps dequantize every weight at each step, slower than bf16 weights (serve batches in bf16 for now)",
-				"gemv_max_rows", fp8GemvMaxM)
+		if n.Op != "linear_fp8" {
+			continue
+		}
+		s, err := fp8SchemeOf(n)
+		act := n.Attrs.String("activation_scheme")
+		if err != nil || s.kind == 2 || n.Inputs[1].Type.DType != tensor.F8E4M3 || (act != "dynamic" && act != "static") {
+			slog.Warn("cuda: some FP8 linears run a GEMV up to a few rows a step and dequantize their weight at larger steps, slower than bf16 weights (the FP8 GEMM takes e4m3 weights with tensor or channel scales and FP8 activations)",
+				"gemv_max_rows", fp8GemvMaxM, "example", n.Inputs[1].Name, "scheme", n.Attrs.String("scheme"), "activation_scheme", act)
 			return
 		}
 	}
 }
 
-func linearFP8(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme) error {
+func linearFP8(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, act string) error {
 	if err := checkLive(out, x, w, scale); err != nil {
 		return fmt.Errorf("cuda: linear_fp8: %w", err)
 	}
@@ -256,6 +266,14 @@ func linearFP8(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme) error {
 	}
 	if M <= fp8GemvMaxM {
 		return fp8Gemv(d, out, x, w, scale, s, M)
+	}
+	if fp8GemmFits(x, w, s, act, M, N, K) == nil {
+		if ws == nil || int64(ws.Bytes()) < fp8GemmWorkspace(M, N, K) {
+			return fmt.Errorf("cuda: linear_fp8: %d rows of x need %d bytes of workspace for the FP8 GEMM", M, fp8GemmWorkspace(M, N, K))
+		}
+		if done, err := fp8Gemm(d, out, x, w, scale, ws, s, M, N, K); done || err != nil {
+			return err
+		}
 	}
 	need := N * K * x.DType.Size()
 	if ws == nil || ws.Bytes() < need {

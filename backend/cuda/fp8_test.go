@@ -157,7 +157,7 @@ func TestLinearFP8(t *testing.T) {
 						if M > fp8GemvMaxM {
 							ws = like(t, d, tensor.New(tensor.Bool, N*K*xdt.Size()))[0]
 						}
-						if err := LinearFP8(d, out, x, dev[0], dev[1], ws, sc.scheme, sc.block); err != nil {
+						if err := LinearFP8(d, out, x, dev[0], dev[1], ws, sc.scheme, sc.block, "none"); err != nil {
 							t.Fatalf("%s: %v", name, err)
 						}
 						path := "cublas"
@@ -258,6 +258,7 @@ func TestFP8KernelsCompile(t *testing.T) {
 	}
 	extra.WriteString("FP8_GEMV(f32_e5m2, 1, 2, 4, F32, false, BF16, false)\nFP8_GEMV_GENERIC(g8, 8, F32, false, Half16)\n")
 	extra.WriteString("DEQUANT_FP8(dq_f16, true, Half16, BF16)\nDEQUANT_FP8(dq_f32, false, F32, F32)\n")
+	extra.WriteString("FP8_QUANT_ROWS(qr_f32, F32, false)\nFP8_QUANT_ROWS(qr_bf16_g, BF16, true)\n")
 	usage := ptxasUsage(t, "fp8.cu", extra.String(), arch)
 	checkNoSpills(t, usage)
 	for _, name := range slices.Sorted(maps.Keys(usage)) {

@@ -170,6 +170,7 @@ type gemmTuner struct {
 	ltErr error // cuBLASLt cannot be used: every product runs on cublasGemmEx
 	l2    int   // the L2 cache's size in bytes (0 until queried)
 	plans map[gemmKey]*gemmPlan
+	fp8   map[fp8GemmKey]*fp8GemmPlan // the FP8 GEMM's shapes (fp8_gemm.go)
 	spent time.Duration
 }
 
@@ -177,7 +178,7 @@ type gemmTuner struct {
 // use. The device must be locked with its context current.
 func tuner(d *Device) *gemmTuner {
 	if d.gemmTune == nil {
-		t := &gemmTuner{plans: map[gemmKey]*gemmPlan{}}
+		t := &gemmTuner{plans: map[gemmKey]*gemmPlan{}, fp8: map[fp8GemmKey]*fp8GemmPlan{}}
 		t.lt, t.ltErr = cubind.NewLt()
 		if t.ltErr != nil {
 			slog.Debug("cuda: cuBLASLt unavailable; GEMMs run on cublasGemmEx", "err", t.ltErr)
@@ -198,6 +199,9 @@ func releaseGemmTune(d *Device) error {
 	}
 	var errs []error
 	for _, p := range t.plans {
+		errs = append(errs, p.prob.destroy())
+	}
+	for _, p := range t.fp8 {
 		errs = append(errs, p.prob.destroy())
 	}
 	errs = append(errs, t.lt.Destroy())

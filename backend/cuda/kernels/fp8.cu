@@ -297,3 +297,84 @@ __device__ __forceinline__ void fp8_gemv_generic_impl(typename X::T* __restrict_
            int kb) {                                                                                         \
     fp8_gemv_generic_impl<M, X, E4M3, S>(out, x, w, scale, N, K, scheme, bn, bk, kb);                        \
   }
+
+// fp8_quant_rows_impl prepares the FP8 GEMM of linear_fp8 (activation_scheme dynamic or
+// static): x[M,K] (bf16) is quantized to float8_e4m3fn, q[M,K] = e4m3(x * (448 / amax))
+// (round to nearest even, saturating at 448) with amax the largest |x| of the row (G == 0)
+// or of each group of 128 values of the row (K / 128 groups), and its scale amax / 448
+// (1 for a group of zeros) goes to sx[m] (rows) or sx[g * gs + m * ms] (group g). The weight's scale is widened to f32
+// in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or sw[i] = scale[i]
+// (wmode 2, the nsw block scales as stored). Blocks 0..M-1 take one row each (blockDim
+// 256, K % 8 == 0, x 16-byte aligned); the blocks after them write sw, 256 values each.
+template <class S, bool GROUPS>
+__device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* __restrict__ sx, float* __restrict__ sw,
+                                                    const bf16* __restrict__ x,
+                                                    const typename S::T* __restrict__ scale, int M, int K, int ms,
+                                                    int gs, int nsw, int wmode, int nb) {
+  __shared__ float red[8];
+  pdl_begin();
+  if ((int)blockIdx.x >= M) {
+    const int i = ((int)blockIdx.x - M) * 256 + threadIdx.x;
+    // wmode 3: block scales [NB, KB] stored transposed, sw[kb * NB + nb] = scale[nb * KB + kb].
+    if (i < nsw) sw[i] = S::load(scale, wmode == 0 ? 0 : wmode == 3 ? (i % nb) * (nsw / nb) + i / nb : i);
+    return;
+  }
+  const int m = blockIdx.x;
+  const bf16* row = x + (i64)m * K;
+  float inv = 1.0f;
+  if (!GROUPS) {
+    float amax = 0.0f;
+    for (int k = threadIdx.x * 8; k < K; k += 256 * 8) {
+      float f[8];
+      bf16x8(__ldg((const uint4*)(row + k)), f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+    }
+    amax = warp_max(amax);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) amax = fmaxf(amax, red[i]);
+    inv = amax > 0.0f ? 448.0f / amax : 1.0f;
+    if (threadIdx.x == 0) sx[m] = amax > 0.0f ? amax / 448.0f : 1.0f;
+  }
+  // GROUPS: 16 lanes (8 values each) hold one group of 128; every lane runs every round so
+  // that the shuffles see the whole warp.
+  for (int k0 = 0; k0 < K; k0 += 256 * 8) {
+    const int k = k0 + threadIdx.x * 8;
+    if (!GROUPS && k >= K) break;
+    float f[8];
+    if (k < K) {
+      bf16x8(__ldg((const uint4*)(row + k)), f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+    }
+    if (GROUPS) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+      inv = amax > 0.0f ? 448.0f / amax : 1.0f;
+      if (k < K && (threadIdx.x & 15) == 0) sx[(i64)(k >> 7) * gs + (i64)m * ms] = amax > 0.0f ? amax / 448.0f : 1.0f;
+    }
+    if (k >= K) continue;
+    unsigned short p[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p[j]) : "f"(f[2 * j + 1] * inv), "f"(f[2 * j] * inv));
+    uint2 v;
+    v.x = (unsigned)p[0] | ((unsigned)p[1] << 16);
+    v.y = (unsigned)p[2] | ((unsigned)p[3] << 16);
+    *(uint2*)(q + (i64)m * K + k) = v;
+  }
+}
+
+#define FP8_QUANT_ROWS(NAME, S, GROUPS)                                                                      \
+  extern "C" __global__ void __launch_bounds__(256) NAME(u8* q, float* sx, float* sw, const bf16* x,          \
+                                                         const S::T* scale, int M, int K, int ms, int gs,     \
+                                                         int nsw, int wmode, int nb) {                        \
+    fp8_quant_rows_impl<S, GROUPS>(q, sx, sw, x, scale, M, K, ms, gs, nsw, wmode, nb);                       \
+  }

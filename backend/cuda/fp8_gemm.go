@@ -1,0 +1,244 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/loom-ml/loom/cubind"
+	"github.com/loom-ml/loom/tensor"
+)
+
+// The FP8 GEMM of linear_fp8: more than fp8GemvMaxM rows of bf16 x through the H200's FP8
+// tensor cores, where the checkpoint asks for FP8 activations (activation_scheme dynamic or
+// static) and the weight is float8_e4m3fn with a tensor or channel scale, or 128x128 block
+// scales (Hugging Face fp8, DeepSeek-V3 and Qwen3-FP8's format):
+//
+//	fp8_quant_rows  x[M,K] -> q[M,K] e4m3 and its f32 scales sx, amax/448 of each row
+//	                (token) of x, or of each group of 128 values of a row under block
+//	                scales; the weight's scales widened to f32 in sw (kernels/fp8.cu)
+//	cublasLtMatmul  out[M,N] (bf16) = Σ_k sx·q[m,k] · sw·w[n,k], f32 sums: outer-vector
+//	                scale modes (sx per column of op(B), sw per row of op(A)), or VEC128
+//	                (sx per 128 k of a token) with BLK128x128 (sw per weight block); FAST_ACCUM
+//	                off: the tensor cores' partial sums are promoted to f32
+//
+// This is what FP8 serving engines run for such checkpoints (per-token dynamic activation
+// scales): the product reads each weight byte once and runs at the FP8 tensor-core rate,
+// where the fallback (dequantize the whole weight to bf16 at every step, then cuBLAS)
+// writes and reads it again at twice the size. A static activation scheme runs with
+// per-token scales too: Loom does not load the checkpoint's input_scale, and a per-token
+// scale is never coarser than one per tensor. The result differs from linear_fp8's
+// decomposition (which the CPU runs: x in its own dtype times the dequantized weight) by the
+// rounding of x to e4m3, at most 2^-4 of each |x_k·w_k| (2^-10·sx absolutely for values
+// below e4m3's normal range), and by one rounding of the result to bf16.
+//
+// Products the GEMM does not take (f32 x, e5m2 weights, blocks other than 128x128, K or N
+// not a multiple of 16 (of 128 for block scales), no cuBLASLt algorithm for the shape)
+// dequantize the weight as before.
+// LOOM_CUDA_FP8_GEMM=0 turns the GEMM off.
+
+// fp8GemmOff sends every product of more than fp8GemvMaxM rows to the dequantizing path.
+var fp8GemmOff = os.Getenv("LOOM_CUDA_FP8_GEMM") == "0"
+
+// fp8GemmKey identifies an FP8 GEMM shape: out[M,N] = q[M,K]·w[N,K]ᵀ and the operands'
+// common pointer alignment.
+type fp8GemmKey struct {
+	M, N, K int
+	align   uint32
+	block   bool // 128x128 weight blocks, 1x128 groups of x
+}
+
+func (k fp8GemmKey) String() string {
+	scales := "per token and channel"
+	if k.block {
+		scales = "128x128 blocks"
+	}
+	return fmt.Sprintf("fp8 M=%d K=%d N=%d, %d-byte aligned, %s", k.M, k.K, k.N, k.align, scales)
+}
+
+// fp8GroupScalesKMajor is the order of x's group scales under block scaling: true puts the
+// M scales of one group of 128 k side by side (sx[g*M + m]), false a token's groups
+// (sx[m*G + g]).
+var fp8GroupScalesKMajor = true
+
+// fp8BlockScalesTransposed is the order of the weight's 128x128 block scales handed to
+// cuBLASLt: false as the checkpoint stores them ([ceil(N/128), ceil(K/128)] row-major),
+// true transposed.
+var fp8BlockScalesTransposed = false
+
+// fp8GemmPlan is a shape's cuBLASLt descriptors and algorithm; prob is nil when cuBLASLt
+// offers none (the shape then dequantizes).
+type fp8GemmPlan struct {
+	prob *gemmProblem
+	algo cubind.MatmulAlgo
+	why  string // why prob is nil
+}
+
+// fp8GemmFits tells whether the GEMM takes a product of M rows of x (shapes already
+// checked by linearFP8), and if not, why.
+func fp8GemmFits(x, w *Tensor, s fp8Scheme, act string, M, N, K int) error {
+	switch {
+	case fp8GemmOff:
+		return errors.New("LOOM_CUDA_FP8_GEMM=0")
+	case act != "dynamic" && act != "static":
+		return fmt.Errorf("activation_scheme %q: the checkpoint keeps activations unquantized", act)
+	case M <= fp8GemvMaxM:
+		return fmt.Errorf("%d rows take the GEMV", M)
+	case x.DType != tensor.BF16:
+		return fmt.Errorf("x is %s, not bf16", x.DType)
+	case w.DType != tensor.F8E4M3:
+		return fmt.Errorf("the weight is %s, not f8e4m3", w.DType)
+	case s.kind == 2 && (s.bn != 128 || s.bk != 128):
+		return fmt.Errorf("blocks of %dx%d (the GEMM takes 128x128)", s.bn, s.bk)
+	case s.kind == 2 && K%128 != 0:
+		return fmt.Errorf("K=%d must be a multiple of 128 under block scales", K)
+	case K%16 != 0 || N%16 != 0:
+		return fmt.Errorf("K=%d and N=%d must be multiples of 16", K, N)
+	case x.ptr%16 != 0 || w.ptr%16 != 0:
+		return errors.New("x or the weight is not 16-byte aligned")
+	}
+	return nil
+}
+
+// fp8GemmWorkspace is the bytes the GEMM needs for M rows of K and N outputs: q[M,K], then
+// x's scales and the weight's f32 scales (room for both schemes: one per row or per group
+// of 128 of a row, one per output row or per 128x128 block), each from a 256-byte boundary.
+func fp8GemmWorkspace(M, N, K int) int64 {
+	sx, sw := fp8ScaleCounts(M, N, K)
+	return roundUp256(int64(M)*int64(K)) + roundUp256(4*int64(sx)) + roundUp256(4*int64(sw))
+}
+
+// fp8ScaleCounts is the most f32 scales of x and of the weight a product can need.
+func fp8ScaleCounts(M, N, K int) (sx, sw int) {
+	groups, blocks := (K+127)/128, (N+127)/128
+	return M * max(1, groups), max(N, blocks*groups)
+}
+
+func roundUp256(n int64) int64 { return (n + 255) &^ 255 }
+
+// fp8Gemm queues linear_fp8's product through the FP8 GEMM, or reports false (no error)
+// when cuBLASLt has no algorithm for the shape. ws holds at least fp8GemmWorkspace bytes.
+func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) (bool, error) {
+	nsx, _ := fp8ScaleCounts(M, N, K)
+	q := ws.ptr
+	sx := q + cubind.DevicePtr(roundUp256(int64(M)*int64(K)))
+	sw := sx + cubind.DevicePtr(roundUp256(4*int64(nsx)))
+	key := fp8GemmKey{M: M, N: N, K: K, align: ptrAlign(out.ptr, q, w.ptr), block: s.kind == 2}
+	t := tuner(d)
+	if t.ltErr != nil {
+		return false, nil
+	}
+	p, ok := t.fp8[key]
+	if !ok {
+		p = newFP8GemmPlan(d, key)
+		if p.prob == nil {
+			slog.Info("cuda: no cuBLASLt FP8 algorithm; the product dequantizes its weight", "shape", key, "why", p.why)
+		}
+		t.fp8[key] = p
+	}
+	if p.prob == nil {
+		return false, nil
+	}
+	if err := fp8QuantRows(d, q, sx, sw, x, scale, s, M, N, K); err != nil {
+		return false, err
+	}
+	desc := p.prob.desc
+	if err := desc.SetPointer(cubind.MatmulDescAScalePtr, sw); err != nil {
+		return false, fmt.Errorf("cuda: linear_fp8 (%s): %w", key, err)
+	}
+	if err := desc.SetPointer(cubind.MatmulDescBScalePtr, sx); err != nil {
+		return false, fmt.Errorf("cuda: linear_fp8 (%s): %w", key, err)
+	}
+	err := t.lt.Matmul(desc, 1, w.ptr, p.prob.a, q, p.prob.b, 0, out.ptr, p.prob.c, out.ptr, p.prob.c,
+		&p.algo, d.blasWork.ptr, blasWorkspaceBytes, d.stream)
+	if err != nil {
+		return false, fmt.Errorf("cuda: linear_fp8 (cuBLASLt %s): %w", key, err)
+	}
+	return true, nil
+}
+
+// fp8QuantRows queues fp8_quant_rows: q[M,K], x's scales sx and the weight's f32 scales sw
+// (see fp8GemmWorkspace) from x and the weight's scale.
+func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8Scheme, M, N, K int) error {
+	groups := s.kind == 2
+	name := "fp8_quant_rows_" + dtypeName(scale.DType)
+	if groups {
+		name += "_g128"
+	}
+	inst := fmt.Sprintf("FP8_QUANT_ROWS(%s, %s, %v)", name, fp8Trait(scale.DType), groups)
+	ms, gs, nsw, wmode := 1, 0, N, s.kind
+	if groups {
+		if fp8BlockScalesTransposed {
+			wmode = 3
+		}
+		ms, gs = K/128, 1
+		if fp8GroupScalesKMajor {
+			ms, gs = 1, M
+		}
+		nsw = scale.Numel()
+	}
+	grid := cubind.Dim3{X: M + (nsw+255)/256, Y: 1, Z: 1}
+	err := d.launchX("fp8.cu", inst, name, grid, block256, 0, func(a *cubind.Args) {
+		a.Ptr(q).Ptr(sx).Ptr(sw).Ptr(x.ptr).Ptr(scale.ptr).I32(int32(M)).I32(int32(K)).I32(int32(ms)).
+			I32(int32(gs)).I32(int32(nsw)).I32(int32(wmode)).I32(int32((N+127)/128))
+	})
+	return wrap("cuda: linear_fp8 (quantize x)", err)
+}
+
+// newFP8GemmPlan describes shape key to cuBLASLt: A the column-major K×N view of the e4m3
+// weight (transposed), B the K×M view of q, C = D the N×M bf16 view of out, the scale
+// modes of the key's scheme, and takes the heuristic's first algorithm.
+func newFP8GemmPlan(d *Device, key fp8GemmKey) *fp8GemmPlan {
+	t := d.gemmTune
+	p := &gemmProblem{}
+	fail := func(err error) *fp8GemmPlan {
+		return &fp8GemmPlan{why: errors.Join(err, p.destroy()).Error()}
+	}
+	var err error
+	if p.desc, err = cubind.NewMatmulDesc(cubind.Compute32F, cubind.R32F); err != nil {
+		return fail(err)
+	}
+	if err := p.desc.SetTranspose(cubind.OpT, cubind.OpN); err != nil {
+		return fail(err)
+	}
+	aMode, bMode := cubind.ScaleOuterVec32F, cubind.ScaleOuterVec32F
+	if key.block {
+		aMode, bMode = cubind.ScaleBlk128x128_32F, cubind.ScaleVec128_32F
+	}
+	if err := p.desc.SetInt32(cubind.MatmulDescAScaleMode, int32(aMode)); err != nil {
+		return fail(err)
+	}
+	if err := p.desc.SetInt32(cubind.MatmulDescBScaleMode, int32(bMode)); err != nil {
+		return fail(err)
+	}
+	M, N, K := uint64(key.M), uint64(key.N), uint64(key.K)
+	if p.a, err = cubind.NewMatrixLayout(cubind.R8E4M3, K, N, int64(K)); err != nil {
+		return fail(err)
+	}
+	if p.b, err = cubind.NewMatrixLayout(cubind.R8E4M3, K, M, int64(K)); err != nil {
+		return fail(err)
+	}
+	if p.c, err = cubind.NewMatrixLayout(cubind.R16BF, N, M, int64(N)); err != nil {
+		return fail(err)
+	}
+	pref, err := cubind.NewMatmulPreference()
+	if err != nil {
+		return fail(err)
+	}
+	defer pref.Destroy()
+	if err := pref.SetMaxWorkspace(blasWorkspaceBytes); err != nil {
+		return fail(err)
+	}
+	if err := pref.SetMinAlignment(key.align); err != nil {
+		return fail(err)
+	}
+	algos, err := t.lt.AlgoGetHeuristic(p.desc, p.a, p.b, p.c, p.c, pref, 1)
+	if err != nil {
+		return fail(err)
+	}
+	if len(algos) == 0 {
+		return fail(errors.New("the heuristic proposes no algorithm"))
+	}
+	return &fp8GemmPlan{prob: p, algo: algos[0].Algo}
+}
