@@ -25,6 +25,25 @@ const LogitTol = 1e-4
 // directions.
 const NearTie = 2 * LogitTol
 
+// BF16Ulps is how far, in bf16 ulps of the largest |logit| of a row (2^-7 of it: bf16 keeps
+// 8 significant bits), bf16 activations may move a logit from Hugging Face's f32 one. Each of
+// the fixtures' two layers rounds its activations to bf16 a dozen times (norms, projections,
+// attention, the MLP, the residual adds), every rounding within half an ulp of its value;
+// errors that add up over ~25 roundings of values near the logits' scale give a few ulps. The
+// CPU measures at most 4 on every fixture, the H200 about 8 (0.32 against logits of
+// magnitude ~5): 16 leaves twice that.
+const BF16Ulps = 16
+
+// BF16Bound is the bound on |bf16 logit - reference logit| over a row whose reference
+// logits are want: BF16Ulps bf16 ulps of the row's largest magnitude.
+func BF16Bound(want []float32) float64 {
+	scale := 0.0
+	for _, v := range want {
+		scale = max(scale, math.Abs(float64(v)))
+	}
+	return BF16Ulps * scale / 128
+}
+
 // Reference is a fixture's reference.json.
 type Reference struct {
 	Model   string   `json:"model"`

@@ -181,3 +181,18 @@ func TestFixtureReferences(t *testing.T) {
 		}
 	}
 }
+
+func TestBF16Bound(t *testing.T) {
+	for _, tc := range []struct {
+		row  []float32
+		want float64
+	}{
+		{[]float32{1, -2, 0.5}, 16 * 2.0 / 128}, // 16 ulps of 2: 2^-6 each
+		{[]float32{8}, 1},
+		{[]float32{0, 0}, 0},
+	} {
+		if got := BF16Bound(tc.row); got != tc.want {
+			t.Errorf("BF16Bound(%v) = %v, want %v", tc.row, got, tc.want)
+		}
+	}
+}
