@@ -274,50 +274,45 @@ func checkHFParity(t *testing.T, d *Device, name string, m *model.Model, g *grap
 	}
 }
 
-// bf16Ulps is how far, in bf16 ulps of the largest |logit| of a row (2^-7 of it: bf16 keeps 8
-// significant bits), bf16 activations may move a logit from Hugging Face's f32 one. Each of
-// the two layers rounds its activations to bf16 a dozen times (norms, projections, attention,
-// the MLP, the residual adds), every rounding within half an ulp of its value; errors that add
-// up over ~25 roundings of values near the logits' scale give a few ulps, and the H200 runs
-// measured up to 0.32 against Loom's f32 logits of magnitude ~5 (~8 ulps). 16 ulps leaves
-// twice that.
-const bf16Ulps = 16
-
 // The default GPU path, bf16 activations (cuBLAS bf16 GEMMs), against Hugging Face's f32
-// logits on every fixture and every reference prompt, the 300+-token ones included: each row
-// within bf16Ulps of its largest logit, and greedy tokens equal to Hugging Face's, with the
-// near-tie margin widened to twice that bound.
+// logits on every dense fixture and every reference prompt, the 300+-token ones included:
+// each row within parity.BF16Bound (16 bf16 ulps of its largest logit), and greedy tokens
+// equal to Hugging Face's, with the near-tie margin widened to twice that bound. The MoE
+// fixtures get the same check in TestMoEFusedOnGPU.
 func TestProgramBF16HuggingFace(t *testing.T) {
 	d := gpu(t)
 	for _, name := range fixtures {
 		t.Run(name, func(t *testing.T) {
 			m, _, fused := fixtureGraphs(t, name, tensor.BF16)
-			p, err := Compile(context.Background(), d, fused, m.Checkpoint, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			ref := readReference(t, name)
-			worst := 0.0
-			for _, pr := range ref.Prompts {
-				scale := 0.0
-				for _, v := range pr.LastLogits {
-					scale = max(scale, math.Abs(float64(v)))
-				}
-				bound := bf16Ulps * scale / 128
-				all := programLogits(t, p, pr.IDs)
-				last := all[(len(pr.IDs)-1)*m.Config.VocabSize:]
-				dd, at := parity.MaxAbsDiff(last, pr.LastLogits)
-				if !(dd <= bound) {
-					t.Errorf("%q (%d tokens): bf16 last-position logits differ from Hugging Face's by %.3g at token %d, bound %.3g (%d bf16 ulps of %.3g)",
-						pr.Text, len(pr.IDs), dd, at, bound, bf16Ulps, scale)
-				}
-				worst = max(worst, dd/scale)
-				checkGreedy(t, p, m.Config.VocabSize, pr, 2*bound)
-			}
-			t.Logf("%s: bf16 logits within %.1f bf16 ulps of the row's largest", name, worst*128)
+			checkBF16HuggingFace(t, d, name, m, fused)
 		})
 	}
+}
+
+// checkBF16HuggingFace compiles g (bf16 activations) on d and holds its logits on every
+// reference prompt of fixture name to Hugging Face's: the last position's row within
+// parity.BF16Bound, greedy tokens teacher-forced past margins under twice that bound.
+func checkBF16HuggingFace(t *testing.T, d *Device, name string, m *model.Model, g *graph.Graph) {
+	t.Helper()
+	p, err := Compile(context.Background(), d, g, m.Checkpoint, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	worst := 0.0
+	for _, pr := range readReference(t, name).Prompts {
+		bound := parity.BF16Bound(pr.LastLogits)
+		all := programLogits(t, p, pr.IDs)
+		last := all[(len(pr.IDs)-1)*m.Config.VocabSize:]
+		dd, at := parity.MaxAbsDiff(last, pr.LastLogits)
+		if !(dd <= bound) {
+			t.Errorf("%q (%d tokens): bf16 last-position logits differ from Hugging Face's by %.3g at token %d, bound %.3g (%d bf16 ulps of the row's largest)",
+				pr.Text, len(pr.IDs), dd, at, bound, parity.BF16Ulps)
+		}
+		worst = max(worst, dd/bound*parity.BF16Ulps)
+		checkGreedy(t, p, m.Config.VocabSize, pr, 2*bound)
+	}
+	t.Logf("%s: bf16 logits within %.1f bf16 ulps of the row's largest", name, worst)
 }
 
 // readReference reads a fixture's reference.json.
