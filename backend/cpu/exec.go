@@ -29,6 +29,10 @@ type Program struct {
 	folded             int // how many nodes were evaluated at compile time
 	ranks              int // the ranks the graph needs: its largest collective group
 
+	// parts maps the slot of a fused weight kept as its parts (parted.go) to the parts'
+	// slots, in order; such a slot has no fixed value and no step reads it.
+	parts map[int][]int
+
 	// resident, when set (a deployment with a Resident predicate), holds the inputs the
 	// program keeps itself: the KV caches, off the Go heap (resident.go).
 	resident *residentSet
@@ -64,7 +68,9 @@ func (p *Program) Graph() *graph.Graph { return p.g }
 // (a fused GEMM's concat(w_q, w_k, w_v), say, becomes one contiguous weight), and the params
 // and intermediate values that only such nodes read are dropped, so the program holds each
 // weight once; where w is a graph.WeightsInto, such a concat of params along axis 0 is read
-// straight into its one tensor instead (load_into.go). w may be nil for a graph without
+// straight into its one tensor instead (load_into.go), or, where w's tensors are views of a
+// file mapping and the linears that read the concat can take it in parts, not joined at all:
+// each param stays the view w gave (parted.go). w may be nil for a graph without
 // params. The kernels are fixed at this point: a later Register does not change a compiled
 // program.
 func Compile(ctx context.Context, g *graph.Graph, w backend.Weights) (*Program, error) {
@@ -153,13 +159,14 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 		uses[slot[o]]++
 	}
 	directs, deferred := directConcats(g, w, slot, uses)
+	partable := partableConcats(g, w, directs, lookup)
 	for i, n := range g.Nodes {
 		if deferred[i] {
 			continue // read by its concat (loadConcat)
 		}
 		if directs[i] {
 			outs, _ := resolveOuts(n, nil)
-			if err := p.loadConcat(ctx, n, outs, w.(graph.WeightsInto), slot, uses); err != nil {
+			if err := p.loadConcat(ctx, n, outs, w.(graph.WeightsInto), partable[i], slot, uses); err != nil {
 				return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 			}
 			continue
@@ -191,6 +198,7 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 		for _, o := range n.Outputs {
 			st.out = append(st.out, slot[o])
 		}
+		p.partedStep(&st)
 		p.steps = append(p.steps, st)
 	}
 	for s, u := range uses {

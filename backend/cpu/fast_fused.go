@@ -478,6 +478,7 @@ func swigluRow(dst, gr, ur []float32, gdt tensor.DType) {
 
 func init() {
 	Register("linear", fastLinear)
+	ownKernels["linear"] = fastLinear
 	Register("matmul", fastMatmul)
 	Register("rmsnorm", fastRMSNorm)
 	Register("add_rmsnorm", fastAddRMSNorm)

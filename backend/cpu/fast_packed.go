@@ -173,10 +173,13 @@ func fastSwiGLUPacked(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.
 	return []*tensor.Tensor{res}, nil
 }
 
+// linearThenOps are the linears fused with the packed op that reads their output, and that op.
+var linearThenOps = map[string]string{"linear_swiglu": "swiglu_packed", "linear_qkv_rope": "qkv_rope"}
+
 // fastLinearThen is the kernel of a linear fused with the packed op that reads its output
 // (linear_swiglu, linear_qkv_rope): the linear kernel in use (fastLinear unless replaced)
-// into a temporary of x's dtype, then the packed op's with the node's attributes and the
-// node's inputs after x and w. The same bits as the two ops run apart.
+// into a temporary of x's dtype, then the packed op's (linearThenOps) with the node's
+// attributes and the node's inputs after x and w. The same bits as the two ops run apart.
 func fastLinearThen(op string) Kernel {
 	return func(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
 		if len(in) < 2 {
@@ -187,23 +190,32 @@ func fastLinearThen(op string) Kernel {
 			return nil, fmt.Errorf("%s needs x[...,K] and w[N,K], got %v and %v", n.Op, x.Shape, w.Shape)
 		}
 		lin, _ := Lookup("linear")
-		next, ok := Lookup(op)
-		if !ok {
-			return nil, fmt.Errorf("no kernel for %s", op)
-		}
 		shape := append(append([]int(nil), x.Shape[:len(x.Shape)-1]...), w.Shape[0])
 		y, err := lin(&graph.Node{Op: "linear", Scope: n.Scope}, in[:2], []Out{{DType: x.DType, Shape: shape}})
 		if err != nil {
 			return nil, fmt.Errorf("%s: linear: %w", n.Op, err)
 		}
-		return next(&graph.Node{Op: op, Attrs: n.Attrs, Scope: n.Scope}, append([]*tensor.Tensor{y[0]}, in[2:]...), out)
+		return thenOp(n, op, y[0], in[2:], out)
 	}
+}
+
+// thenOp runs the packed op of fused node n on y, the linear's output, and rest, the node's
+// inputs after x and w.
+func thenOp(n *graph.Node, op string, y *tensor.Tensor, rest []*tensor.Tensor, out []Out) ([]*tensor.Tensor, error) {
+	next, ok := Lookup(op)
+	if !ok {
+		return nil, fmt.Errorf("no kernel for %s", op)
+	}
+	return next(&graph.Node{Op: op, Attrs: n.Attrs, Scope: n.Scope}, append([]*tensor.Tensor{y}, rest...), out)
 }
 
 func init() {
 	Register("qkv_rope", fastQKVRoPE)
 	Register("qkv_norm_rope", fastQKVNormRoPE)
 	Register("swiglu_packed", fastSwiGLUPacked)
-	Register("linear_swiglu", fastLinearThen("swiglu_packed"))
-	Register("linear_qkv_rope", fastLinearThen("qkv_rope"))
+	for op, next := range linearThenOps {
+		k := fastLinearThen(next)
+		Register(op, k)
+		ownKernels[op] = k
+	}
 }

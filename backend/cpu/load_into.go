@@ -60,13 +60,18 @@ func directConcats(g *graph.Graph, w backend.Weights, slot map[*graph.Value]int,
 // loadConcat reads the params that concat node n joins along axis 0 into one tensor of outs[0],
 // each into its run of rows, and stores it as n's fixed value. The tensor's memory is advised
 // to be backed by huge pages (load_hugepage*.go): faulting in fresh memory 4 KiB at a time
-// costs more than copying into it.
-func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w graph.WeightsInto, slot map[*graph.Value]int, uses []int) error {
+// costs more than copying into it. Where w views the whole concatenation (viewConcat), that
+// view is the fixed value instead; where it cannot but partable (partableConcats), the params
+// are loaded as views each and kept as the parts (loadParts, parted.go), with no copy.
+func (p *Program) loadConcat(ctx context.Context, n *graph.Node, outs []Out, w graph.WeightsInto, partable bool, slot map[*graph.Value]int, uses []int) error {
 	if cv, ok := w.(concatViewer); ok {
 		done, err := p.viewConcat(ctx, n, outs, cv, slot, uses)
 		if done || err != nil {
 			return err
 		}
+	}
+	if partable {
+		return p.loadParts(ctx, n, w, slot)
 	}
 	out := tensor.New(outs[0].DType, outs[0].Shape...)
 	adviseHugePages(out)
