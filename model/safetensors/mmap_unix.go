@@ -19,5 +19,6 @@ func mapFile(f *os.File, size int64) ([]byte, func([]byte) error, bool, error) {
 	if err != nil {
 		return nil, nil, false, err
 	}
+	adviseHugePages(b)
 	return b, syscall.Munmap, true, nil
 }

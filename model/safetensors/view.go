@@ -30,7 +30,9 @@ var ErrShrunk = errors.New("the file is shorter than when it was opened (truncat
 // short since Open then fails here, with an error that names the file and the tensor and wraps
 // ErrShrunk, instead of a fault at the first read. A file truncated after that still faults
 // (SIGBUS) when reclaimed pages are read back: a mapped checkpoint must not be rewritten in
-// place while a model uses it (replacing it, by rename, is safe).
+// place while a model uses it (replacing it, by rename, is safe). That is the limit of every
+// loader that computes from the mapping, llama.cpp's (which maps GGUF files by default) too; a
+// rewrite that keeps the size changes the weights under the running model, as it would there.
 func (f *File) View(name string, dim, index, count int) (*tensor.Tensor, bool, error) {
 	ti, err := f.lookup(name)
 	if err != nil {
