@@ -30,8 +30,16 @@ special tokens (and the chat template's) sit at their ids, and every other id is
 lowercase letters reachable through the merges, so whatever id the model picks has text.
 The mixture-of-experts shapes store one tensor per expert projection, as their released
 checkpoints do; --layers and --experts write smaller copies of them. A folder that is not
-empty is refused unless --force, which replaces its checkpoint files.`,
-		Example: "  loom synth llama-3.1-8b --out /tmp/llama8b\n  loom synth qwen2.5-0.5b --out /tmp/qwen --layers 2\n  loom synth qwen3-30b-a3b --out /tmp/qwen3moe --layers 2 --experts 16",
+empty is refused unless --force, which replaces its checkpoint files.
+
+--fp8 block writes the checkpoint in Hugging Face's fp8 format, as Qwen3-*-FP8 and
+DeepSeek-V3 ship it: every linear weight of the decoder layers (attention q/k/v/o, MLP
+gate/up/down, each expert's projections) is float8_e4m3fn with <module>.weight_scale_inv, one
+f32 multiplier per 128x128 block (amax/448 of the block), and config.json gets a
+quantization_config (quant_method fp8, weight_block_size [128, 128], dynamic activations).
+The embeddings, the LM head, the norms, the biases and the MoE routers stay bf16. The values
+quantized are the bf16 weights the same --seed writes without --fp8.`,
+		Example: "  loom synth llama-3.1-8b --out /tmp/llama8b\n  loom synth qwen2.5-0.5b --out /tmp/qwen --layers 2\n  loom synth qwen3-30b-a3b --out /tmp/qwen3moe --layers 2 --experts 16\n  loom synth llama-3.1-8b --out /tmp/llama8b-fp8 --fp8 block",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
@@ -39,6 +47,9 @@ empty is refused unless --force, which replaces its checkpoint files.`,
 			}
 			if _, ok := synth.Shapes[args[0]]; !ok {
 				return fmt.Errorf("unknown model shape %q; known: %s", args[0], strings.Join(synth.Names(), ", "))
+			}
+			if err := opts.Validate(); err != nil {
+				return err
 			}
 			if err := checkOutDir(out, force); err != nil {
 				return err
@@ -56,6 +67,7 @@ empty is refused unless --force, which replaces its checkpoint files.`,
 	f.IntVar(&opts.Layers, "layers", 0, "override the number of layers (0: the shape's own)")
 	f.IntVar(&opts.Experts, "experts", 0, "override the number of experts of a mixture-of-experts shape (0: the shape's own)")
 	f.Uint64Var(&opts.Seed, "seed", 0, "random seed of the weights")
+	f.StringVar(&opts.FP8, "fp8", "", "write the decoder layers' linear weights in an FP8 format: "+strings.Join(synth.FP8Formats, ", ")+" (Hugging Face fp8, 128x128 block scales); empty: bf16")
 	return cmd
 }
 

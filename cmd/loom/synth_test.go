@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -186,5 +187,74 @@ func TestSynthForce(t *testing.T) {
 		if _, stderr, err := run(t, "synth", "tiny-force", "--out", d, "--layers", "1", "--experts", "2"); err != nil {
 			t.Errorf("%s: %v\n%s", d, err, stderr)
 		}
+	}
+}
+
+// `loom synth --fp8 block` writes a checkpoint that generates the same tokens through the
+// plain graph and the optimized one (linear_fp8 ops, q/k/v and gate/up joined with their
+// block scales); an unknown --fp8 value is refused before the folder is touched, naming the
+// flag and the formats it takes.
+func TestSynthFP8(t *testing.T) {
+	s := synth.Shapes["qwen2.5-0.5b"]
+	cfg := map[string]any{}
+	for k, v := range s.Config {
+		cfg[k] = v
+	}
+	// Every projection's rows a multiple of 128 (k/v: 2 heads of 64), as in the real models, so
+	// that fuse_gemms can join block-scaled weights on block boundaries.
+	for k, v := range map[string]any{"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": 300, "eos_token_id": 301} {
+		cfg[k] = v
+	}
+	synth.Shapes["tiny-qwen-fp8"] = synth.Shape{Name: "tiny-qwen-fp8", Chat: s.Chat, Config: cfg}
+	defer delete(synth.Shapes, "tiny-qwen-fp8")
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := run(t, "synth", "tiny-qwen-fp8", "--out", dir, "--layers", "1", "--fp8", "bogus", "--force")
+	if err == nil || !strings.Contains(err.Error(), `--fp8 "bogus"`) || !strings.Contains(err.Error(), "block") {
+		t.Errorf("--fp8 bogus: error %v, want one naming the flag, the value and block", err)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "model.safetensors")); err != nil || string(data) != "kept" {
+		t.Errorf("--fp8 bogus --force touched the folder: %q, %v", data, err)
+	}
+
+	stdout, stderr, err := run(t, "synth", "tiny-qwen-fp8", "--out", dir, "--layers", "2", "--fp8", "block", "--seed", "4", "--force")
+	if err != nil || !strings.Contains(stdout, "wrote tiny-qwen-fp8") {
+		t.Fatalf("synth --fp8 block: %v\n%s%s", err, stdout, stderr)
+	}
+	config, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil || !strings.Contains(string(config), `"quant_method": "fp8"`) {
+		t.Errorf("config.json has no fp8 quantization_config (%v):\n%s", err, config)
+	}
+	args := []string{"--model", dir, "--prompt-ids", "5,17,42", "--max-new-tokens", "4", "--log-level", "warn"}
+	opt := generateIDs(t, args...)
+	plain := generateIDs(t, append(args, "--no-optimize")...)
+	if len(opt) != 4 || fmt.Sprint(opt) != fmt.Sprint(plain) {
+		t.Errorf("optimized %v, plain %v", opt, plain)
+	}
+	out := filepath.Join(t.TempDir(), "final.txt")
+	if _, stderr, err := run(t, "compile", "--model", dir, "-o", out); err != nil {
+		t.Fatalf("compile: %v\n%s", err, stderr)
+	}
+	text, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := graph.Parse(string(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp8 := 0
+	for _, n := range g.Nodes {
+		if n.Op == "linear_fp8" {
+			fp8++
+		}
+	}
+	// A layer: q/k/v joined, o, gate/up joined, down.
+	if fp8 != 8 {
+		t.Errorf("%d linear_fp8 ops in the optimized graph, want 4 a layer (8)", fp8)
 	}
 }

@@ -109,6 +109,10 @@ type Options struct {
 	// ShardBytes caps the size of one safetensors file (default 4 GB); larger checkpoints are
 	// written as shards with a model.safetensors.index.json.
 	ShardBytes int64
+	// FP8 writes the decoder layers' linear weights in an FP8 format (fp8.go): "" keeps every
+	// weight bf16, FP8Block writes Hugging Face fp8 with 128x128 block scales. The values
+	// quantized are the bf16 ones the same seed writes without it.
+	FP8 string
 }
 
 // Write creates dir and writes config.json, generation_config.json, the weights and a
@@ -132,7 +136,7 @@ func Write(ctx context.Context, name, dir string, opts Options) error {
 	if err := writeTokenizer(dir, shape, cfg); err != nil {
 		return err
 	}
-	return writeWeights(ctx, dir, g, opts)
+	return writeWeights(ctx, dir, g, cfg, opts)
 }
 
 // planned is what Write writes for a shape and options, before any file is written.
@@ -140,13 +144,17 @@ type planned struct {
 	shape   Shape
 	cfgMap  map[string]any
 	cfgJSON []byte
-	cfg     *model.Config
-	g       *graph.Graph // its params are the tensors written
+	cfg     *model.Config // parsed from cfgJSON (with its quantization_config)
+	g       *graph.Graph  // of the unquantized config: its params are the tensors written (quantized by cfg.Quant)
 }
 
 // plan applies opts to the named shape's config and builds the graph whose params synth
-// writes.
+// writes. The graph is built from the unquantized config, so that every param keeps its
+// place (and its random stream) with or without FP8.
 func plan(name string, opts Options) (*planned, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	shape, ok := Shapes[name]
 	if !ok {
 		return nil, fmt.Errorf("unknown model shape %q; known: %s", name, strings.Join(Names(), ", "))
@@ -185,12 +193,28 @@ func plan(name string, opts Options) (*planned, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.FP8 != "" {
+		r, err := routers(g)
+		if err != nil {
+			return nil, err
+		}
+		cfgMap["quantization_config"] = fp8QuantConfig(r)
+		if cfgJSON, err = json.MarshalIndent(cfgMap, "", "  "); err != nil {
+			return nil, err
+		}
+		if cfg, err = model.ParseConfig(cfgJSON, name+" config"); err != nil {
+			return nil, fmt.Errorf("--fp8 %s: %w", opts.FP8, err)
+		}
+	}
 	return &planned{shape, cfgMap, cfgJSON, cfg, g}, nil
 }
 
 // writeWeights writes every param of g with random values: matrices ~U(-a, a) with a giving
-// a standard deviation of 0.02, norm weights 1, biases small.
-func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options) error {
+// a standard deviation of 0.02, norm weights 1, biases small. A decoder layer's linear
+// weight that cfg.Quant quantizes is generated as before into a buffer reused from weight to
+// weight, then quantized into f8e4m3 bytes and its block scales (quantizeBlocks): the
+// checkpoint is held once, at one byte a quantized weight.
+func writeWeights(ctx context.Context, dir string, g *graph.Graph, cfg *model.Config, opts Options) error {
 	limit := opts.ShardBytes
 	if limit <= 0 {
 		limit = 4 << 30
@@ -198,6 +222,7 @@ func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options)
 	var shards [][]safetensors.Entry
 	var cur []safetensors.Entry
 	var size int64
+	var gen []byte // a quantized weight's values before quantization
 	for i, n := range g.Params() {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -207,7 +232,18 @@ func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options)
 			return err
 		}
 		numel := tensor.Numel(ref.Shape)
-		data := make([]byte, numel*ref.DType.Size())
+		module, linear := layerLinear(ref)
+		quantize := linear && cfg.Quant.Quantized(module)
+		var data []byte
+		if quantize {
+			if cap(gen) < numel*ref.DType.Size() {
+				gen = nil // drop the smaller buffer before allocating
+				gen = make([]byte, numel*ref.DType.Size())
+			}
+			data = gen[:numel*ref.DType.Size()]
+		} else {
+			data = make([]byte, numel*ref.DType.Size())
+		}
 		switch {
 		case strings.HasSuffix(ref.Key, "norm.weight"):
 			fillParallel(data, ref.DType, 0, 0, 0)
@@ -220,11 +256,27 @@ func writeWeights(ctx context.Context, dir string, g *graph.Graph, opts Options)
 		if !ok {
 			return fmt.Errorf("param %s: dtype %s cannot be written", ref.Key, ref.DType)
 		}
-		if size > 0 && size+int64(len(data)) > limit {
+		entries := []safetensors.Entry{{Name: ref.Key, DType: st, Shape: ref.Shape, Data: data}}
+		if quantize {
+			n, k := ref.Shape[0], ref.Shape[1]
+			sshape := cfg.Quant.ScaleShape(n, k)
+			q, scale := make([]byte, numel), make([]byte, tensor.Numel(sshape)*4)
+			quantizeBlocks(data, ref.DType, n, k, q, scale)
+			entries = []safetensors.Entry{
+				{Name: ref.Key, DType: safetensors.F8E4M3, Shape: ref.Shape, Data: q},
+				{Name: module + "." + fp8ScaleSuffix, DType: safetensors.F32, Shape: sshape, Data: scale},
+			}
+		}
+		bytes := int64(0)
+		for _, e := range entries {
+			bytes += int64(len(e.Data))
+		}
+		// A weight and its scale share a shard.
+		if size > 0 && size+bytes > limit {
 			shards, cur, size = append(shards, cur), nil, 0
 		}
-		cur = append(cur, safetensors.Entry{Name: ref.Key, DType: st, Shape: ref.Shape, Data: data})
-		size += int64(len(data))
+		cur = append(cur, entries...)
+		size += bytes
 	}
 	shards = append(shards, cur)
 	meta := map[string]string{"format": "pt"}
