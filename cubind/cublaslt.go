@@ -28,7 +28,6 @@ const (
 	MatmulDescTransB      MatmulDescAttribute = 4  // CUBLASLT_MATMUL_DESC_TRANSB, int32 (cublasOperation_t)
 	MatmulDescAScalePtr   MatmulDescAttribute = 17 // CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, device pointer
 	MatmulDescBScalePtr   MatmulDescAttribute = 18 // CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, device pointer
-	MatmulDescFastAccum   MatmulDescAttribute = 25 // CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8 (0: FP8 sums promoted to f32)
 	MatmulDescAScaleMode  MatmulDescAttribute = 31 // CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32 (MatrixScale)
 	MatmulDescBScaleMode  MatmulDescAttribute = 32 // CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32 (MatrixScale)
 )

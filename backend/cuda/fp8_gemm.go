@@ -21,7 +21,7 @@ import (
 //	cublasLtMatmul  out[M,N] (bf16) = Σ_k sx·q[m,k] · sw·w[n,k], f32 sums: outer-vector
 //	                scale modes (sx per column of op(B), sw per row of op(A)), or VEC128
 //	                (sx per 128 k of a token) with BLK128x128 (sw per weight block); FAST_ACCUM
-//	                off: the tensor cores' partial sums are promoted to f32
+//	                left off: the tensor cores' partial sums are promoted to f32
 //
 // This is what FP8 serving engines run for such checkpoints (per-token dynamic activation
 // scales): the product reads each weight byte once and runs at the FP8 tensor-core rate,
@@ -181,7 +181,7 @@ func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8
 	grid := cubind.Dim3{X: M + (nsw+255)/256, Y: 1, Z: 1}
 	err := d.launchX("fp8.cu", inst, name, grid, block256, 0, func(a *cubind.Args) {
 		a.Ptr(q).Ptr(sx).Ptr(sw).Ptr(x.ptr).Ptr(scale.ptr).I32(int32(M)).I32(int32(K)).I32(int32(ms)).
-			I32(int32(gs)).I32(int32(nsw)).I32(int32(wmode)).I32(int32((N+127)/128))
+			I32(int32(gs)).I32(int32(nsw)).I32(int32(wmode)).I32(int32((N + 127) / 128))
 	})
 	return wrap("cuda: linear_fp8 (quantize x)", err)
 }
@@ -211,6 +211,14 @@ func newFP8GemmPlan(d *Device, key fp8GemmKey) *fp8GemmPlan {
 	}
 	if err := p.desc.SetInt32(cubind.MatmulDescBScaleMode, int32(bMode)); err != nil {
 		return fail(err)
+	}
+	// The heuristic refuses vector and block scale modes (CUBLAS_STATUS_INVALID_VALUE, H200,
+	// cuBLAS 13.1) until both scale pointers are set: any device address serves here, and
+	// fp8Gemm sets the real ones before each product.
+	for _, a := range []cubind.MatmulDescAttribute{cubind.MatmulDescAScalePtr, cubind.MatmulDescBScalePtr} {
+		if err := p.desc.SetPointer(a, d.blasWork.ptr); err != nil {
+			return fail(err)
+		}
 	}
 	M, N, K := uint64(key.M), uint64(key.N), uint64(key.K)
 	if p.a, err = cubind.NewMatrixLayout(cubind.R8E4M3, K, N, int64(K)); err != nil {
