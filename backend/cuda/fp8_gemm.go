@@ -57,16 +57,6 @@ func (k fp8GemmKey) String() string {
 	return fmt.Sprintf("fp8 M=%d K=%d N=%d, %d-byte aligned, %s", k.M, k.K, k.N, k.align, scales)
 }
 
-// fp8GroupScalesKMajor is the order of x's group scales under block scaling: true puts the
-// M scales of one group of 128 k side by side (sx[g*M + m]), false a token's groups
-// (sx[m*G + g]).
-var fp8GroupScalesKMajor = true
-
-// fp8BlockScalesTransposed is the order of the weight's 128x128 block scales handed to
-// cuBLASLt: false as the checkpoint stores them ([ceil(N/128), ceil(K/128)] row-major),
-// true transposed.
-var fp8BlockScalesTransposed = false
-
 // fp8GemmPlan is a shape's cuBLASLt descriptors and algorithm; prob is nil when cuBLASLt
 // offers none (the shape then dequantizes).
 type fp8GemmPlan struct {
@@ -101,18 +91,29 @@ func fp8GemmFits(x, w *Tensor, s fp8Scheme, act string, M, N, K int) error {
 	return nil
 }
 
-// fp8GemmWorkspace is the bytes the GEMM needs for M rows of K and N outputs: q[M,K], then
-// x's scales and the weight's f32 scales (room for both schemes: one per row or per group
-// of 128 of a row, one per output row or per 128x128 block), each from a 256-byte boundary.
+// fp8GemmWorkspace is the bytes the GEMM needs for M rows of K and N outputs: q, then x's
+// scales and the weight's f32 scales (room for both schemes: one per row or per group of
+// 128 of a row, one per output row or per 128x128 block), then, where block scales pad the
+// rows, the padded product; each from a 256-byte boundary.
 func fp8GemmWorkspace(M, N, K int) int64 {
+	rows := fp8BlockRows(M)
 	sx, sw := fp8ScaleCounts(M, N, K)
-	return roundUp256(int64(M)*int64(K)) + roundUp256(4*int64(sx)) + roundUp256(4*int64(sw))
+	n := roundUp256(int64(rows)*int64(K)) + roundUp256(4*int64(sx)) + roundUp256(4*int64(sw))
+	if rows != M {
+		n += roundUp256(2 * int64(rows) * int64(N))
+	}
+	return n
 }
+
+// fp8BlockRows is the rows of a block-scaled product of M rows of x: cuBLASLt's heuristic
+// offers VEC128 scales of x only for a multiple of 4 rows (H200, cuBLAS 13.1), so the
+// product runs on zero rows up to one and its first M rows are copied out.
+func fp8BlockRows(M int) int { return (M + 3) &^ 3 }
 
 // fp8ScaleCounts is the most f32 scales of x and of the weight a product can need.
 func fp8ScaleCounts(M, N, K int) (sx, sw int) {
 	groups, blocks := (K+127)/128, (N+127)/128
-	return M * max(1, groups), max(N, blocks*groups)
+	return fp8BlockRows(M) * max(1, groups), max(N, blocks*groups)
 }
 
 func roundUp256(n int64) int64 { return (n + 255) &^ 255 }
@@ -120,11 +121,19 @@ func roundUp256(n int64) int64 { return (n + 255) &^ 255 }
 // fp8Gemm queues linear_fp8's product through the FP8 GEMM, or reports false (no error)
 // when cuBLASLt has no algorithm for the shape. ws holds at least fp8GemmWorkspace bytes.
 func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) (bool, error) {
-	nsx, _ := fp8ScaleCounts(M, N, K)
+	rows := M
+	if s.kind == 2 {
+		rows = fp8BlockRows(M)
+	}
+	nsx, nsw := fp8ScaleCounts(M, N, K)
 	q := ws.ptr
-	sx := q + cubind.DevicePtr(roundUp256(int64(M)*int64(K)))
+	sx := q + cubind.DevicePtr(roundUp256(int64(fp8BlockRows(M))*int64(K)))
 	sw := sx + cubind.DevicePtr(roundUp256(4*int64(nsx)))
-	key := fp8GemmKey{M: M, N: N, K: K, align: ptrAlign(out.ptr, q, w.ptr), block: s.kind == 2}
+	dst := out.ptr
+	if rows != M {
+		dst = sw + cubind.DevicePtr(roundUp256(4*int64(nsw)))
+	}
+	key := fp8GemmKey{M: rows, N: N, K: K, align: ptrAlign(dst, q, w.ptr), block: s.kind == 2}
 	t := tuner(d)
 	if t.ltErr != nil {
 		return false, nil
@@ -140,7 +149,7 @@ func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) 
 	if p.prob == nil {
 		return false, nil
 	}
-	if err := fp8QuantRows(d, q, sx, sw, x, scale, s, M, N, K); err != nil {
+	if err := fp8QuantRows(d, q, sx, sw, x, scale, s, M, rows, N, K); err != nil {
 		return false, err
 	}
 	desc := p.prob.desc
@@ -150,38 +159,41 @@ func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) 
 	if err := desc.SetPointer(cubind.MatmulDescBScalePtr, sx); err != nil {
 		return false, fmt.Errorf("cuda: linear_fp8 (%s): %w", key, err)
 	}
-	err := t.lt.Matmul(desc, 1, w.ptr, p.prob.a, q, p.prob.b, 0, out.ptr, p.prob.c, out.ptr, p.prob.c,
+	err := t.lt.Matmul(desc, 1, w.ptr, p.prob.a, q, p.prob.b, 0, dst, p.prob.c, dst, p.prob.c,
 		&p.algo, d.blasWork.ptr, blasWorkspaceBytes, d.stream)
 	if err != nil {
 		return false, fmt.Errorf("cuda: linear_fp8 (cuBLASLt %s): %w", key, err)
 	}
+	if dst != out.ptr {
+		if err := d.copyDtoD(out.ptr, dst, uint64(2*M*N)); err != nil {
+			return false, fmt.Errorf("cuda: linear_fp8 (%s): %w", key, err)
+		}
+	}
 	return true, nil
 }
 
-// fp8QuantRows queues fp8_quant_rows: q[M,K], x's scales sx and the weight's f32 scales sw
-// (see fp8GemmWorkspace) from x and the weight's scale.
-func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8Scheme, M, N, K int) error {
+// fp8QuantRows queues fp8_quant_rows: q[rows,K] (rows from M on zero), x's scales sx and
+// the weight's f32 scales sw (see fp8GemmWorkspace) from x[M,K] and the weight's scale.
+func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8Scheme, M, rows, N, K int) error {
 	groups := s.kind == 2
 	name := "fp8_quant_rows_" + dtypeName(scale.DType)
 	if groups {
 		name += "_g128"
 	}
 	inst := fmt.Sprintf("FP8_QUANT_ROWS(%s, %s, %v)", name, fp8Trait(scale.DType), groups)
-	ms, gs, nsw, wmode := 1, 0, N, s.kind
+	// Group scales: the rows' scales of one group of 128 k side by side (sx[g*rows + m]);
+	// block scales as the checkpoint stores them ([ceil(N/128), ceil(K/128)] row-major).
+	// These are the orders cuBLASLt's VEC128 and BLK128x128 modes read for this A (K×N,
+	// transposed) and B (K×rows): of the four combinations of these and the transposed
+	// orders, only this one gave TestFP8Gemm's exact product on an H200.
+	ms, gs, nsw := 1, 0, N
 	if groups {
-		if fp8BlockScalesTransposed {
-			wmode = 3
-		}
-		ms, gs = K/128, 1
-		if fp8GroupScalesKMajor {
-			ms, gs = 1, M
-		}
-		nsw = scale.Numel()
+		gs, nsw = rows, scale.Numel()
 	}
-	grid := cubind.Dim3{X: M + (nsw+255)/256, Y: 1, Z: 1}
+	grid := cubind.Dim3{X: rows + (nsw+255)/256, Y: 1, Z: 1}
 	err := d.launchX("fp8.cu", inst, name, grid, block256, 0, func(a *cubind.Args) {
-		a.Ptr(q).Ptr(sx).Ptr(sw).Ptr(x.ptr).Ptr(scale.ptr).I32(int32(M)).I32(int32(K)).I32(int32(ms)).
-			I32(int32(gs)).I32(int32(nsw)).I32(int32(wmode)).I32(int32((N + 127) / 128))
+		a.Ptr(q).Ptr(sx).Ptr(sw).Ptr(x.ptr).Ptr(scale.ptr).I32(int32(M)).I32(int32(rows)).I32(int32(K)).
+			I32(int32(ms)).I32(int32(gs)).I32(int32(nsw)).I32(int32(s.kind))
 	})
 	return wrap("cuda: linear_fp8 (quantize x)", err)
 }

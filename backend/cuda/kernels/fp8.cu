@@ -304,22 +304,27 @@ __device__ __forceinline__ void fp8_gemv_generic_impl(typename X::T* __restrict_
 // or of each group of 128 values of the row (K / 128 groups), and its scale amax / 448
 // (1 for a group of zeros) goes to sx[m] (rows) or sx[g * gs + m * ms] (group g). The weight's scale is widened to f32
 // in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or sw[i] = scale[i]
-// (wmode 2, the nsw block scales as stored). Blocks 0..M-1 take one row each (blockDim
-// 256, K % 8 == 0, x 16-byte aligned); the blocks after them write sw, 256 values each.
+// (wmode 2, the nsw block scales as stored). Blocks 0..rows-1 take one row each (blockDim
+// 256, K % 8 == 0, x 16-byte aligned): rows from M on pad the product (q zeros, scales 1);
+// the blocks after them write sw, 256 values each.
 template <class S, bool GROUPS>
 __device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* __restrict__ sx, float* __restrict__ sw,
                                                     const bf16* __restrict__ x,
-                                                    const typename S::T* __restrict__ scale, int M, int K, int ms,
-                                                    int gs, int nsw, int wmode, int nb) {
+                                                    const typename S::T* __restrict__ scale, int M, int rows, int K,
+                                                    int ms, int gs, int nsw, int wmode) {
   __shared__ float red[8];
   pdl_begin();
-  if ((int)blockIdx.x >= M) {
-    const int i = ((int)blockIdx.x - M) * 256 + threadIdx.x;
-    // wmode 3: block scales [NB, KB] stored transposed, sw[kb * NB + nb] = scale[nb * KB + kb].
-    if (i < nsw) sw[i] = S::load(scale, wmode == 0 ? 0 : wmode == 3 ? (i % nb) * (nsw / nb) + i / nb : i);
+  if ((int)blockIdx.x >= rows) {
+    const int i = ((int)blockIdx.x - rows) * 256 + threadIdx.x;
+    if (i < nsw) sw[i] = S::load(scale, wmode == 0 ? 0 : i);
     return;
   }
   const int m = blockIdx.x;
+  if (m >= M) {
+    for (int k = threadIdx.x * 8; k < K; k += 256 * 8) *(uint2*)(q + (i64)m * K + k) = make_uint2(0, 0);
+    for (int g = threadIdx.x; g < (GROUPS ? K >> 7 : 1); g += 256) sx[(i64)g * gs + (i64)m * ms] = 1.0f;
+    return;
+  }
   const bf16* row = x + (i64)m * K;
   float inv = 1.0f;
   if (!GROUPS) {
@@ -374,7 +379,7 @@ __device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* _
 
 #define FP8_QUANT_ROWS(NAME, S, GROUPS)                                                                      \
   extern "C" __global__ void __launch_bounds__(256) NAME(u8* q, float* sx, float* sw, const bf16* x,          \
-                                                         const S::T* scale, int M, int K, int ms, int gs,     \
-                                                         int nsw, int wmode, int nb) {                        \
-    fp8_quant_rows_impl<S, GROUPS>(q, sx, sw, x, scale, M, K, ms, gs, nsw, wmode, nb);                       \
+                                                         const S::T* scale, int M, int rows, int K, int ms,   \
+                                                         int gs, int nsw, int wmode) {                        \
+    fp8_quant_rows_impl<S, GROUPS>(q, sx, sw, x, scale, M, rows, K, ms, gs, nsw, wmode);                     \
   }
