@@ -204,3 +204,34 @@ func TestConcatKeptAsParts(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkLinearParts: Qwen2.5-0.5B's fused q/k/v linear (896+128+128 rows, K = 896, bf16) on
+// the concatenated weight and on its three parts, for one row of x (decode) and 128 (prefill).
+func BenchmarkLinearParts(b *testing.B) {
+	rng := rand.New(rand.NewPCG(125, 126))
+	const K = 896
+	parts := []*tensor.Tensor{
+		randTensor(rng, tensor.BF16, []int{896, K}, -1, 1),
+		randTensor(rng, tensor.BF16, []int{128, K}, -1, 1),
+		randTensor(rng, tensor.BF16, []int{128, K}, -1, 1),
+	}
+	whole := concatRows(parts)
+	for _, M := range []int{1, 128} {
+		x := randTensor(rng, tensor.BF16, []int{M, K}, -1, 1)
+		n, outs := nodeFor(b, "linear", nil, []*tensor.Tensor{x, whole})
+		b.Run(fmt.Sprintf("M%d/fused", M), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := fastLinear(n, []*tensor.Tensor{x, whole}, outs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("M%d/parts", M), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := fastLinearParts(x, parts, outs[0]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
