@@ -113,8 +113,13 @@ func fp8BlockRows(M int) int { return (M + 3) &^ 3 }
 // fp8ScaleCounts is the most f32 scales of x and of the weight a product can need.
 func fp8ScaleCounts(M, N, K int) (sx, sw int) {
 	groups, blocks := (K+127)/128, (N+127)/128
-	return fp8BlockRows(M) * max(1, groups), max(N, blocks*groups)
+	return fp8BlockRows(M) * max(1, groups), max(N, blocks*fp8BlockScaleLD(K))
 }
+
+// fp8BlockScaleLD is the distance between two rows of a weight's block scales as cuBLASLt's
+// BLK128x128 mode reads them: ceil(K/128) rounded up to a multiple of 4 (16 bytes). An H200
+// run gave wrong products for N=400, K=384 (3 blocks a row) with unpadded rows.
+func fp8BlockScaleLD(K int) int { return ((K+127)/128 + 3) &^ 3 }
 
 func roundUp256(n int64) int64 { return (n + 255) &^ 255 }
 
@@ -182,18 +187,20 @@ func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8
 	}
 	inst := fmt.Sprintf("FP8_QUANT_ROWS(%s, %s, %v)", name, fp8Trait(scale.DType), groups)
 	// Group scales: the rows' scales of one group of 128 k side by side (sx[g*rows + m]);
-	// block scales as the checkpoint stores them ([ceil(N/128), ceil(K/128)] row-major).
+	// block scales as the checkpoint stores them ([ceil(N/128), ceil(K/128)] row-major), each
+	// row padded to fp8BlockScaleLD.
 	// These are the orders cuBLASLt's VEC128 and BLK128x128 modes read for this A (K×N,
 	// transposed) and B (K×rows): of the four combinations of these and the transposed
 	// orders, only this one gave TestFP8Gemm's exact product on an H200.
-	ms, gs, nsw := 1, 0, N
+	ms, gs, nsw, ld := 1, 0, N, 0
 	if groups {
-		gs, nsw = rows, scale.Numel()
+		ld = fp8BlockScaleLD(K)
+		gs, nsw = rows, (N+127)/128*ld
 	}
 	grid := cubind.Dim3{X: rows + (nsw+255)/256, Y: 1, Z: 1}
 	err := d.launchX("fp8.cu", inst, name, grid, block256, 0, func(a *cubind.Args) {
 		a.Ptr(q).Ptr(sx).Ptr(sw).Ptr(x.ptr).Ptr(scale.ptr).I32(int32(M)).I32(int32(rows)).I32(int32(K)).
-			I32(int32(ms)).I32(int32(gs)).I32(int32(nsw)).I32(int32(s.kind))
+			I32(int32(ms)).I32(int32(gs)).I32(int32(nsw)).I32(int32(s.kind)).I32(int32(ld))
 	})
 	return wrap("cuda: linear_fp8 (quantize x)", err)
 }

@@ -38,7 +38,7 @@ func TestFP8Gemm(t *testing.T) {
 		{"block", []int{128, 128}, tensor.BF16, blk},
 	}
 	for _, sc := range cases {
-		for _, mnk := range [][3]int{{9, 64, 128}, {17, 256, 512}, {64, 1024, 4096}, {200, 48, 1280}, {33, 400, 384}} {
+		for _, mnk := range [][3]int{{9, 64, 128}, {17, 256, 512}, {64, 1024, 4096}, {200, 48, 1280}, {33, 400, 384}, {64, 256, 768}} {
 			checkFP8Gemm(t, d, rng, sc, mnk[0], mnk[1], mnk[2])
 		}
 	}
@@ -130,9 +130,11 @@ func checkFP8Gemm(t *testing.T, d *Device, rng *rand.Rand, sc fp8SchemeCase, M, 
 	case "channel":
 		copy(swant, sf)
 	case "block":
-		nb, kb := (N+127)/128, K/128
-		swant = make([]float32, nb*kb)
-		copy(swant, sf)
+		nb, kb, ld := (N+127)/128, K/128, fp8BlockScaleLD(K)
+		swant = make([]float32, nb*ld)
+		for r := range nb {
+			copy(swant[r*ld:r*ld+kb], sf[r*kb:(r+1)*kb])
+		}
 	}
 	gotSW, err := tensor.FromBytes(tensor.F32, wsh[swOff:swOff+4*len(swant)], len(swant))
 	if err != nil {

@@ -303,20 +303,27 @@ __device__ __forceinline__ void fp8_gemv_generic_impl(typename X::T* __restrict_
 // (round to nearest even, saturating at 448) with amax the largest |x| of the row (G == 0)
 // or of each group of 128 values of the row (K / 128 groups), and its scale amax / 448
 // (1 for a group of zeros) goes to sx[m] (rows) or sx[g * gs + m * ms] (group g). The weight's scale is widened to f32
-// in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or sw[i] = scale[i]
-// (wmode 2, the nsw block scales as stored). Blocks 0..rows-1 take one row each (blockDim
-// 256, K % 8 == 0, x 16-byte aligned): rows from M on pad the product (q zeros, scales 1);
+// in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or the block scales
+// (wmode 2) as stored, each row of ceil(K/128) padded with zeros to ld. Blocks 0..rows-1
+// take one row each (blockDim 256, K % 8 == 0, x 16-byte aligned): rows from M on pad the product (q zeros, scales 1);
 // the blocks after them write sw, 256 values each.
 template <class S, bool GROUPS>
 __device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* __restrict__ sx, float* __restrict__ sw,
                                                     const bf16* __restrict__ x,
                                                     const typename S::T* __restrict__ scale, int M, int rows, int K,
-                                                    int ms, int gs, int nsw, int wmode) {
+                                                    int ms, int gs, int nsw, int wmode, int ld) {
   __shared__ float red[8];
   pdl_begin();
   if ((int)blockIdx.x >= rows) {
     const int i = ((int)blockIdx.x - rows) * 256 + threadIdx.x;
-    if (i < nsw) sw[i] = S::load(scale, wmode == 0 ? 0 : i);
+    if (i < nsw) {
+      if (wmode < 2) {
+        sw[i] = S::load(scale, wmode == 0 ? 0 : i);
+      } else {  // block scales [nsw / ld, kb] into rows of ld (kb = ceil(K / 128)), zeros after
+        const int kb = (K + 127) >> 7, r = i / ld, c = i - r * ld;
+        sw[i] = c < kb ? S::load(scale, (i64)r * kb + c) : 0.0f;
+      }
+    }
     return;
   }
   const int m = blockIdx.x;
@@ -380,6 +387,6 @@ __device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* _
 #define FP8_QUANT_ROWS(NAME, S, GROUPS)                                                                      \
   extern "C" __global__ void __launch_bounds__(256) NAME(u8* q, float* sx, float* sw, const bf16* x,          \
                                                          const S::T* scale, int M, int rows, int K, int ms,   \
-                                                         int gs, int nsw, int wmode) {                        \
-    fp8_quant_rows_impl<S, GROUPS>(q, sx, sw, x, scale, M, rows, K, ms, gs, nsw, wmode);                     \
+                                                         int gs, int nsw, int wmode, int ld) {                \
+    fp8_quant_rows_impl<S, GROUPS>(q, sx, sw, x, scale, M, rows, K, ms, gs, nsw, wmode, ld);                 \
   }
