@@ -300,13 +300,14 @@ __device__ __forceinline__ void fp8_gemv_generic_impl(typename X::T* __restrict_
 
 // fp8_quant_rows_impl prepares the FP8 GEMM of linear_fp8 (activation_scheme dynamic or
 // static): x[M,K] (bf16) is quantized to float8_e4m3fn, q[M,K] = e4m3(x * (448 / amax))
-// (round to nearest even, saturating at 448) with amax the largest |x| of the row (G == 0)
-// or of each group of 128 values of the row (K / 128 groups), and its scale amax / 448
-// (1 for a group of zeros) goes to sx[m] (rows) or sx[g * gs + m * ms] (group g). The weight's scale is widened to f32
-// in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or the block scales
-// (wmode 2) as stored, each row of ceil(K/128) padded with zeros to ld. Blocks 0..rows-1
-// take one row each (blockDim 256, K % 8 == 0, x 16-byte aligned): rows from M on pad the product (q zeros, scales 1);
-// the blocks after them write sw, 256 values each.
+// (round to nearest even, saturating at 448) with amax the largest |x| of the row (GROUPS
+// false) or of each group of 128 values of the row, and its scale amax / 448 (1 for a group
+// of zeros) goes to sx[m] (rows) or sx[g * gs + m * ms] (group g). The weight's scale is
+// widened to f32 in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or the
+// block scales (wmode 2) as stored, each row of ceil(K/128) padded with zeros to ld.
+// Blocks 0..rows-1 take one row each (blockDim 256, K % 8 == 0, x 16-byte aligned): rows
+// from M on pad the product (q zeros, scales 1); the blocks after them write sw, 256 values
+// each.
 template <class S, bool GROUPS>
 __device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* __restrict__ sx, float* __restrict__ sw,
                                                     const bf16* __restrict__ x,
