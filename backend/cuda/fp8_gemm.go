@@ -41,20 +41,50 @@ import (
 // fp8GemmOff sends every product of more than fp8GemvMaxM rows to the dequantizing path.
 var fp8GemmOff = os.Getenv("LOOM_CUDA_FP8_GEMM") == "0"
 
-// fp8GemmKey identifies an FP8 GEMM shape: out[M,N] = q[M,K]·w[N,K]ᵀ and the operands'
-// common pointer alignment.
+// fp8OuterScales keeps tensor- and channel-scaled weights on outer-vector scales (one per
+// token of x) where fp8ScalesGroups would take them (LOOM_CUDA_FP8_SCALES=outer).
+var fp8OuterScales = os.Getenv("LOOM_CUDA_FP8_SCALES") == "outer"
+
+// fp8Scales is how a product's scales reach cuBLASLt.
+type fp8Scales uint8
+
+const (
+	// fp8ScalesOuter: one scale per token of x and per output row of the weight (outer
+	// vectors).
+	fp8ScalesOuter fp8Scales = iota
+	// fp8ScalesGroups: one scale per token and group of 128 k of x, the weight's tensor or
+	// channel scale repeated over its groups of 128 k (VEC128 on both operands).
+	fp8ScalesGroups
+	// fp8ScalesBlocks: x's groups as above, one scale per 128x128 block of the weight
+	// (VEC128 with BLK128x128).
+	fp8ScalesBlocks
+)
+
+func (m fp8Scales) String() string {
+	return [...]string{"per token and channel", "per 128 k", "128x128 blocks"}[m]
+}
+
+// fp8ScalesFor picks the scales of a product with K columns under scheme s.
+func fp8ScalesFor(s fp8Scheme, K int) fp8Scales {
+	switch {
+	case s.kind == 2:
+		return fp8ScalesBlocks
+	case K%128 == 0 && !fp8OuterScales:
+		return fp8ScalesGroups
+	}
+	return fp8ScalesOuter
+}
+
+// fp8GemmKey identifies an FP8 GEMM shape: out[M,N] = q[M,K]·w[N,K]ᵀ, the operands'
+// common pointer alignment and the scales.
 type fp8GemmKey struct {
 	M, N, K int
 	align   uint32
-	block   bool // 128x128 weight blocks, 1x128 groups of x
+	scales  fp8Scales
 }
 
 func (k fp8GemmKey) String() string {
-	scales := "per token and channel"
-	if k.block {
-		scales = "128x128 blocks"
-	}
-	return fmt.Sprintf("fp8 M=%d K=%d N=%d, %d-byte aligned, %s", k.M, k.K, k.N, k.align, scales)
+	return fmt.Sprintf("fp8 M=%d K=%d N=%d, %d-byte aligned, scales %s", k.M, k.K, k.N, k.align, k.scales)
 }
 
 // fp8GemmPlan is a shape's cuBLASLt descriptors and algorithm; prob is nil when cuBLASLt
@@ -113,7 +143,7 @@ func fp8BlockRows(M int) int { return (M + 3) &^ 3 }
 // fp8ScaleCounts is the most f32 scales of x and of the weight a product can need.
 func fp8ScaleCounts(M, N, K int) (sx, sw int) {
 	groups, blocks := (K+127)/128, (N+127)/128
-	return fp8BlockRows(M) * max(1, groups), max(N, blocks*fp8BlockScaleLD(K))
+	return fp8BlockRows(M) * max(1, groups), max(N*max(1, groups), blocks*fp8BlockScaleLD(K))
 }
 
 // fp8BlockScaleLD is the distance between two rows of a weight's block scales as cuBLASLt's
@@ -126,8 +156,9 @@ func roundUp256(n int64) int64 { return (n + 255) &^ 255 }
 // fp8Gemm queues linear_fp8's product through the FP8 GEMM, or reports false (no error)
 // when cuBLASLt has no algorithm for the shape. ws holds at least fp8GemmWorkspace bytes.
 func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) (bool, error) {
+	mode := fp8ScalesFor(s, K)
 	rows := M
-	if s.kind == 2 {
+	if mode != fp8ScalesOuter {
 		rows = fp8BlockRows(M)
 	}
 	nsx, nsw := fp8ScaleCounts(M, N, K)
@@ -138,7 +169,7 @@ func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) 
 	if rows != M {
 		dst = sw + cubind.DevicePtr(roundUp256(4*int64(nsw)))
 	}
-	key := fp8GemmKey{M: rows, N: N, K: K, align: ptrAlign(dst, q, w.ptr), block: s.kind == 2}
+	key := fp8GemmKey{M: rows, N: N, K: K, align: ptrAlign(dst, q, w.ptr), scales: mode}
 	t := tuner(d)
 	if t.ltErr != nil {
 		return false, nil
@@ -154,7 +185,7 @@ func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) 
 	if p.prob == nil {
 		return false, nil
 	}
-	if err := fp8QuantRows(d, q, sx, sw, x, scale, s, M, rows, N, K); err != nil {
+	if err := fp8QuantRows(d, q, sx, sw, x, scale, s, mode, M, rows, N, K); err != nil {
 		return false, err
 	}
 	desc := p.prob.desc
@@ -179,21 +210,24 @@ func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) 
 
 // fp8QuantRows queues fp8_quant_rows: q[rows,K] (rows from M on zero), x's scales sx and
 // the weight's f32 scales sw (see fp8GemmWorkspace) from x[M,K] and the weight's scale.
-func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8Scheme, M, rows, N, K int) error {
-	groups := s.kind == 2
+func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8Scheme, mode fp8Scales, M, rows, N, K int) error {
+	groups := mode != fp8ScalesOuter
 	name := "fp8_quant_rows_" + dtypeName(scale.DType)
 	if groups {
 		name += "_g128"
 	}
 	inst := fmt.Sprintf("FP8_QUANT_ROWS(%s, %s, %v)", name, fp8Trait(scale.DType), groups)
 	// Group scales: the rows' scales of one group of 128 k side by side (sx[g*rows + m]);
-	// block scales as the checkpoint stores them ([ceil(N/128), ceil(K/128)] row-major), each
-	// row padded to fp8BlockScaleLD.
+	// the weight's as many times over (sw[g*N + n]); block scales as the checkpoint stores
+	// them ([ceil(N/128), ceil(K/128)] row-major), each row padded to fp8BlockScaleLD.
 	// These are the orders cuBLASLt's VEC128 and BLK128x128 modes read for this A (K×N,
-	// transposed) and B (K×rows): of the four combinations of these and the transposed
-	// orders, only this one gave TestFP8Gemm's exact product on an H200.
-	ms, gs, nsw, ld := 1, 0, N, 0
-	if groups {
+	// transposed) and B (K×rows): of the four combinations of x's and the blocks' orders and
+	// their transposes, only this one gave TestFP8Gemm's exact product on an H200.
+	ms, gs, nsw, ld := 1, 0, N, N
+	switch mode {
+	case fp8ScalesGroups:
+		gs, nsw = rows, K/128*N
+	case fp8ScalesBlocks:
 		ld = fp8BlockScaleLD(K)
 		gs, nsw = rows, (N+127)/128*ld
 	}
@@ -222,7 +256,10 @@ func newFP8GemmPlan(d *Device, key fp8GemmKey) *fp8GemmPlan {
 		return fail(err)
 	}
 	aMode, bMode := cubind.ScaleOuterVec32F, cubind.ScaleOuterVec32F
-	if key.block {
+	switch key.scales {
+	case fp8ScalesGroups:
+		aMode, bMode = cubind.ScaleVec128_32F, cubind.ScaleVec128_32F
+	case fp8ScalesBlocks:
 		aMode, bMode = cubind.ScaleBlk128x128_32F, cubind.ScaleVec128_32F
 	}
 	if err := p.desc.SetInt32(cubind.MatmulDescAScaleMode, int32(aMode)); err != nil {

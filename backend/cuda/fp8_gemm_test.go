@@ -38,7 +38,7 @@ func TestFP8Gemm(t *testing.T) {
 		{"block", []int{128, 128}, tensor.BF16, blk},
 	}
 	for _, sc := range cases {
-		for _, mnk := range [][3]int{{9, 64, 128}, {17, 256, 512}, {64, 1024, 4096}, {200, 48, 1280}, {33, 400, 384}, {64, 256, 768}} {
+		for _, mnk := range [][3]int{{9, 64, 128}, {17, 256, 512}, {64, 1024, 4096}, {200, 48, 1280}, {33, 400, 384}, {64, 256, 768}, {20, 48, 80}} {
 			checkFP8Gemm(t, d, rng, sc, mnk[0], mnk[1], mnk[2])
 		}
 	}
@@ -66,13 +66,14 @@ func checkFP8Gemm(t *testing.T, d *Device, rng *rand.Rand, sc fp8SchemeCase, M, 
 	if err := LinearFP8(d, out, dev[0], dev[1], dev[2], ws, sc.scheme, sc.block, "dynamic"); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+	mode := fp8ScalesFor(mustScheme(t, sc), K)
 	rows := M
-	if sc.scheme == "block" {
+	if mode != fp8ScalesOuter {
 		rows = fp8BlockRows(M)
 	}
 	ran := false
 	for k, p := range d.gemmTune.fp8 {
-		if k.M == rows && k.N == N && k.K == K && k.block == (sc.scheme == "block") {
+		if k.M == rows && k.N == N && k.K == K && k.scales == mode {
 			if p.prob == nil {
 				t.Fatalf("%s: cuBLASLt offers no FP8 algorithm: %s", name, p.why)
 			}
@@ -86,7 +87,7 @@ func checkFP8Gemm(t *testing.T, d *Device, rng *rand.Rand, sc fp8SchemeCase, M, 
 
 	// The quantization, bit for bit.
 	group := K
-	if sc.scheme == "block" {
+	if mode != fp8ScalesOuter {
 		group = 128
 	}
 	G := K / group
@@ -112,7 +113,7 @@ func checkFP8Gemm(t *testing.T, d *Device, rng *rand.Rand, sc fp8SchemeCase, M, 
 	for m := range M {
 		for g := range G {
 			at := m*G + g
-			if sc.scheme == "block" {
+			if mode != fp8ScalesOuter {
 				at = g*rows + m
 			}
 			if gotSX.F32[at] != sx[m*G+g] {
@@ -121,14 +122,16 @@ func checkFP8Gemm(t *testing.T, d *Device, rng *rand.Rand, sc fp8SchemeCase, M, 
 		}
 	}
 	sf := sh.Float32s()
-	swant := make([]float32, N)
+	swant := make([]float32, N*G)
 	switch sc.scheme {
 	case "tensor":
 		for n := range swant {
 			swant[n] = sf[0]
 		}
 	case "channel":
-		copy(swant, sf)
+		for g := range G {
+			copy(swant[g*N:], sf)
+		}
 	case "block":
 		nb, kb, ld := (N+127)/128, K/128, fp8BlockScaleLD(K)
 		swant = make([]float32, nb*ld)

@@ -303,8 +303,9 @@ __device__ __forceinline__ void fp8_gemv_generic_impl(typename X::T* __restrict_
 // (round to nearest even, saturating at 448) with amax the largest |x| of the row (GROUPS
 // false) or of each group of 128 values of the row, and its scale amax / 448 (1 for a group
 // of zeros) goes to sx[m] (rows) or sx[g * gs + m * ms] (group g). The weight's scale is
-// widened to f32 in sw: sw[n] = scale[0] (wmode 0, n < N), scale[n] (wmode 1, n < N) or the
-// block scales (wmode 2) as stored, each row of ceil(K/128) padded with zeros to ld.
+// widened to f32 in sw: sw[i] = scale[0] (wmode 0) or scale[i % ld] (wmode 1, ld = N: the
+// channel scales, repeated over the groups of 128 k when nsw > N), or the block scales
+// (wmode 2) as stored, each row of ceil(K/128) padded with zeros to ld.
 // Blocks 0..rows-1 take one row each (blockDim 256, K % 8 == 0, x 16-byte aligned): rows
 // from M on pad the product (q zeros, scales 1); the blocks after them write sw, 256 values
 // each.
@@ -319,7 +320,7 @@ __device__ __forceinline__ void fp8_quant_rows_impl(u8* __restrict__ q, float* _
     const int i = ((int)blockIdx.x - rows) * 256 + threadIdx.x;
     if (i < nsw) {
       if (wmode < 2) {
-        sw[i] = S::load(scale, wmode == 0 ? 0 : i);
+        sw[i] = S::load(scale, wmode == 0 ? 0 : i % ld);
       } else {  // block scales [nsw / ld, kb] into rows of ld (kb = ceil(K / 128)), zeros after
         const int kb = (K + 127) >> 7, r = i / ld, c = i - r * ld;
         sw[i] = c < kb ? S::load(scale, (i64)r * kb + c) : 0.0f;
