@@ -112,9 +112,9 @@ func fp8GemmFits(x, w *Tensor, s fp8Scheme, act string, M, N, K int) error {
 	case s.kind == 2 && (s.bn != 128 || s.bk != 128):
 		return fmt.Errorf("blocks of %dx%d (the GEMM takes 128x128)", s.bn, s.bk)
 	case s.kind == 2 && K%128 != 0:
-		return fmt.Errorf("K=%d must be a multiple of 128 under block scales", K)
+		return fmt.Errorf("under block scales the inner dimension K=%d must be a multiple of 128", K)
 	case K%16 != 0 || N%16 != 0:
-		return fmt.Errorf("K=%d and N=%d must be multiples of 16", K, N)
+		return fmt.Errorf("the dimensions K=%d and N=%d must be multiples of 16", K, N)
 	case x.ptr%16 != 0 || w.ptr%16 != 0:
 		return errors.New("x or the weight is not 16-byte aligned")
 	}
