@@ -39,6 +39,9 @@ func TestFP8Gemm(t *testing.T) {
 	}
 	for _, sc := range cases {
 		for _, mnk := range [][3]int{{9, 64, 128}, {17, 256, 512}, {64, 1024, 4096}, {200, 48, 1280}, {33, 400, 384}, {64, 256, 768}, {20, 48, 80}} {
+			if sc.scheme == "block" && mnk[2]%128 != 0 {
+				continue // dequantizes (TestFP8GemmFits, TestLinearFP8)
+			}
 			checkFP8Gemm(t, d, rng, sc, mnk[0], mnk[1], mnk[2])
 		}
 	}
