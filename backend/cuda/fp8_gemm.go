@@ -15,28 +15,31 @@ import (
 // static) and the weight is float8_e4m3fn with a tensor or channel scale, or 128x128 block
 // scales (Hugging Face fp8, DeepSeek-V3 and Qwen3-FP8's format):
 //
-//	fp8_quant_rows  x[M,K] -> q[M,K] e4m3 and its f32 scales sx, amax/448 of each row
-//	                (token) of x, or of each group of 128 values of a row under block
-//	                scales; the weight's scales widened to f32 in sw (kernels/fp8.cu)
-//	cublasLtMatmul  out[M,N] (bf16) = Σ_k sx·q[m,k] · sw·w[n,k], f32 sums: outer-vector
-//	                scale modes (sx per column of op(B), sw per row of op(A)), or VEC128
-//	                (sx per 128 k of a token) with BLK128x128 (sw per weight block); FAST_ACCUM
-//	                left off: the tensor cores' partial sums are promoted to f32
+//	fp8_quant_rows  x[M,K] -> q[M,K] e4m3 and its f32 scales sx, amax/448 of each group of
+//	                128 values of a row (token) of x, or of the whole row where K is no
+//	                multiple of 128; the weight's scales widened to f32 in sw (kernels/fp8.cu)
+//	cublasLtMatmul  out[M,N] (bf16) = Σ_k sx·q[m,k] · sw·w[n,k], f32 sums, in the scale
+//	                modes of fp8Scales: VEC128 on both operands (tensor and channel scales,
+//	                repeated over the weight's groups of 128 k), VEC128 with BLK128x128
+//	                (block scales), or outer vectors (one scale per token and per output row,
+//	                where K is no multiple of 128); FAST_ACCUM left off: the tensor cores'
+//	                partial sums are promoted to f32
 //
-// This is what FP8 serving engines run for such checkpoints (per-token dynamic activation
-// scales): the product reads each weight byte once and runs at the FP8 tensor-core rate,
-// where the fallback (dequantize the whole weight to bf16 at every step, then cuBLAS)
-// writes and reads it again at twice the size. A static activation scheme runs with
-// per-token scales too: Loom does not load the checkpoint's input_scale, and a per-token
-// scale is never coarser than one per tensor. The result differs from linear_fp8's
-// decomposition (which the CPU runs: x in its own dtype times the dequantized weight) by the
-// rounding of x to e4m3, at most 2^-4 of each |x_k·w_k| (2^-10·sx absolutely for values
-// below e4m3's normal range), and by one rounding of the result to bf16.
+// This is what FP8 serving engines run for such checkpoints (dynamic activation scales per
+// token, or per token and group of 128 as DeepSeek-V3's): the product reads each weight byte
+// once and runs at the FP8 tensor-core rate, where the fallback (dequantize the whole weight
+// to bf16 at every step, then cuBLAS) writes and reads it again at twice the size. A static
+// activation scheme runs with dynamic scales too: Loom does not load the checkpoint's
+// input_scale, and a scale per token or group is never coarser than one per tensor. The
+// result differs from linear_fp8's decomposition (which the CPU runs: x in its own dtype
+// times the dequantized weight) by the rounding of x to e4m3, at most 2^-4 of each |x_k·w_k|
+// (2^-10·sx absolutely for values below e4m3's normal range), and by one rounding of the
+// result to bf16. Per 128 k rather than per token: 10,433-10,583 against 9,793 output tok/s
+// at 64 concurrent on Llama-3.1-8B --quantize fp8 (H200, docs/PERFORMANCE.md, session 12).
 //
 // Products the GEMM does not take (f32 x, e5m2 weights, blocks other than 128x128, K or N
 // not a multiple of 16 (of 128 for block scales), no cuBLASLt algorithm for the shape)
-// dequantize the weight as before.
-// LOOM_CUDA_FP8_GEMM=0 turns the GEMM off.
+// dequantize the weight as before. LOOM_CUDA_FP8_GEMM=0 turns the GEMM off.
 
 // fp8GemmOff sends every product of more than fp8GemvMaxM rows to the dequantizing path.
 var fp8GemmOff = os.Getenv("LOOM_CUDA_FP8_GEMM") == "0"
