@@ -247,16 +247,12 @@ func fp8QuantRows(d *Device, q, sx, sw cubind.DevicePtr, x, scale *Tensor, s fp8
 // modes of the key's scheme, and takes the heuristic's first algorithm.
 func newFP8GemmPlan(d *Device, key fp8GemmKey) *fp8GemmPlan {
 	t := d.gemmTune
-	p := &gemmProblem{}
+	p, err := newLtProblem(cubind.R8E4M3, cubind.R16BF, key.M, key.N, key.K)
+	if err != nil {
+		return &fp8GemmPlan{why: err.Error()}
+	}
 	fail := func(err error) *fp8GemmPlan {
 		return &fp8GemmPlan{why: errors.Join(err, p.destroy()).Error()}
-	}
-	var err error
-	if p.desc, err = cubind.NewMatmulDesc(cubind.Compute32F, cubind.R32F); err != nil {
-		return fail(err)
-	}
-	if err := p.desc.SetTranspose(cubind.OpT, cubind.OpN); err != nil {
-		return fail(err)
 	}
 	aMode, bMode := cubind.ScaleOuterVec32F, cubind.ScaleOuterVec32F
 	switch key.scales {
@@ -279,27 +275,11 @@ func newFP8GemmPlan(d *Device, key fp8GemmKey) *fp8GemmPlan {
 			return fail(err)
 		}
 	}
-	M, N, K := uint64(key.M), uint64(key.N), uint64(key.K)
-	if p.a, err = cubind.NewMatrixLayout(cubind.R8E4M3, K, N, int64(K)); err != nil {
-		return fail(err)
-	}
-	if p.b, err = cubind.NewMatrixLayout(cubind.R8E4M3, K, M, int64(K)); err != nil {
-		return fail(err)
-	}
-	if p.c, err = cubind.NewMatrixLayout(cubind.R16BF, N, M, int64(N)); err != nil {
-		return fail(err)
-	}
-	pref, err := cubind.NewMatmulPreference()
+	pref, err := ltPreference(key.align)
 	if err != nil {
 		return fail(err)
 	}
 	defer pref.Destroy()
-	if err := pref.SetMaxWorkspace(blasWorkspaceBytes); err != nil {
-		return fail(err)
-	}
-	if err := pref.SetMinAlignment(key.align); err != nil {
-		return fail(err)
-	}
 	algos, err := t.lt.AlgoGetHeuristic(p.desc, p.a, p.b, p.c, p.c, pref, 1)
 	if err != nil {
 		return fail(err)

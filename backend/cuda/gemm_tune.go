@@ -378,38 +378,18 @@ func gemmLtAlgos(d *Device, key gemmKey) (*gemmProblem, []cubind.MatmulHeuristic
 	if t.ltErr != nil {
 		return nil, nil, t.ltErr
 	}
-	p := &gemmProblem{}
+	p, err := newLtProblem(key.a, key.c, key.M, key.N, key.K)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cuBLASLt %s: %w", key, err)
+	}
 	fail := func(err error) (*gemmProblem, []cubind.MatmulHeuristicResult, error) {
 		return nil, nil, errors.Join(fmt.Errorf("cuBLASLt %s: %w", key, err), p.destroy())
 	}
-	var err error
-	if p.desc, err = cubind.NewMatmulDesc(cubind.Compute32F, cubind.R32F); err != nil {
-		return fail(err)
-	}
-	if err := p.desc.SetTranspose(cubind.OpT, cubind.OpN); err != nil {
-		return fail(err)
-	}
-	M, N, K := uint64(key.M), uint64(key.N), uint64(key.K)
-	if p.a, err = cubind.NewMatrixLayout(key.a, K, N, int64(K)); err != nil {
-		return fail(err)
-	}
-	if p.b, err = cubind.NewMatrixLayout(key.a, K, M, int64(K)); err != nil {
-		return fail(err)
-	}
-	if p.c, err = cubind.NewMatrixLayout(key.c, N, M, int64(N)); err != nil {
-		return fail(err)
-	}
-	pref, err := cubind.NewMatmulPreference()
+	pref, err := ltPreference(key.align)
 	if err != nil {
 		return fail(err)
 	}
 	defer pref.Destroy()
-	if err := pref.SetMaxWorkspace(blasWorkspaceBytes); err != nil {
-		return fail(err)
-	}
-	if err := pref.SetMinAlignment(key.align); err != nil {
-		return fail(err)
-	}
 	if key.c == cubind.R16BF {
 		// Split-K algorithms that add bf16-rounded partial sums (in place in the output or
 		// through the workspace) err by up to 2^-9 of each partial: an H200 run found two
@@ -427,6 +407,48 @@ func gemmLtAlgos(d *Device, key gemmKey) (*gemmProblem, []cubind.MatmulHeuristic
 		return nil, nil, errors.Join(fmt.Errorf("cuBLASLt %s: the heuristic proposes no algorithm", key), p.destroy())
 	}
 	return p, algos, nil
+}
+
+// newLtProblem describes out[M,N] (type c) = x[M,K]·w[N,K]ᵀ (x and w of type a) to
+// cuBLASLt, f32 accumulation and scales: A the column-major K×N view of w (transposed), B
+// the K×M view of x, C = D the N×M view of out.
+func newLtProblem(a, c cubind.DataType, M, N, K int) (*gemmProblem, error) {
+	p := &gemmProblem{}
+	fail := func(err error) (*gemmProblem, error) { return nil, errors.Join(err, p.destroy()) }
+	var err error
+	if p.desc, err = cubind.NewMatmulDesc(cubind.Compute32F, cubind.R32F); err != nil {
+		return fail(err)
+	}
+	if err := p.desc.SetTranspose(cubind.OpT, cubind.OpN); err != nil {
+		return fail(err)
+	}
+	m, n, k := uint64(M), uint64(N), uint64(K)
+	if p.a, err = cubind.NewMatrixLayout(a, k, n, int64(k)); err != nil {
+		return fail(err)
+	}
+	if p.b, err = cubind.NewMatrixLayout(a, k, m, int64(k)); err != nil {
+		return fail(err)
+	}
+	if p.c, err = cubind.NewMatrixLayout(c, n, m, int64(n)); err != nil {
+		return fail(err)
+	}
+	return p, nil
+}
+
+// ltPreference bounds a heuristic search to the device's cuBLAS workspace and operands
+// aligned to align bytes. The caller destroys it.
+func ltPreference(align uint32) (cubind.MatmulPreference, error) {
+	pref, err := cubind.NewMatmulPreference()
+	if err != nil {
+		return 0, err
+	}
+	if err := pref.SetMaxWorkspace(blasWorkspaceBytes); err != nil {
+		return 0, errors.Join(err, pref.Destroy())
+	}
+	if err := pref.SetMinAlignment(align); err != nil {
+		return 0, errors.Join(err, pref.Destroy())
+	}
+	return pref, nil
 }
 
 // gemmFlush is device memory read between timed runs so that L2 holds none of the
