@@ -13,8 +13,6 @@ import (
 
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
-
-	"github.com/loom-ml/loom/model/synth"
 )
 
 // findChromium is the path of a Chromium or Chrome binary, or "".
@@ -40,17 +38,8 @@ func TestDumpPageInBrowser(t *testing.T) {
 	}
 	begin := time.Now()
 	// A 24-layer model with tiny dims: the layer count of Qwen2.5-0.5B.
-	s := synth.Shapes["qwen2.5-0.5b"]
-	cfg := map[string]any{}
-	for k, v := range s.Config {
-		cfg[k] = v
-	}
-	for k, v := range map[string]any{"vocab_size": 512, "hidden_size": 32, "intermediate_size": 48,
-		"num_attention_heads": 2, "num_key_value_heads": 1, "bos_token_id": 300, "eos_token_id": 301} {
-		cfg[k] = v
-	}
-	synth.Shapes["tiny-24-layers"] = synth.Shape{Name: "tiny-24-layers", Chat: s.Chat, Config: cfg}
-	defer delete(synth.Shapes, "tiny-24-layers")
+	addShape(t, "qwen2.5-0.5b", "tiny-24-layers", map[string]any{"vocab_size": 512, "hidden_size": 32, "intermediate_size": 48,
+		"num_attention_heads": 2, "num_key_value_heads": 1, "bos_token_id": 300, "eos_token_id": 301})
 	dir, dump := t.TempDir(), t.TempDir()
 	if _, stderr, err := run(t, "synth", "tiny-24-layers", "--out", dir); err != nil {
 		t.Fatalf("synth: %v\n%s", err, stderr)

@@ -12,25 +12,33 @@ import (
 	"github.com/loom-ml/loom/tokenizer"
 )
 
-// tinyMoE registers a copy of a synth MoE shape with small dims; the returned func removes it.
-func tinyMoE(from, name string) func() {
+// addShape registers, until the test ends, synth shape name: a copy of shape from with the
+// config values in set replaced.
+func addShape(t *testing.T, from, name string, set map[string]any) {
+	t.Helper()
 	s := synth.Shapes[from]
 	cfg := map[string]any{}
 	for k, v := range s.Config {
 		cfg[k] = v
 	}
-	for k, v := range map[string]any{"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
-		"num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2} {
+	for k, v := range set {
 		cfg[k] = v
 	}
-	if _, ok := cfg["head_dim"]; ok {
-		cfg["head_dim"], cfg["moe_intermediate_size"] = 16, 32
-	}
-	if cfg["bos_token_id"].(int) >= 512 {
-		cfg["bos_token_id"], cfg["eos_token_id"] = 300, 301
-	}
 	synth.Shapes[name] = synth.Shape{Name: name, Chat: s.Chat, Config: cfg}
-	return func() { delete(synth.Shapes, name) }
+	t.Cleanup(func() { delete(synth.Shapes, name) })
+}
+
+// tinyMoE registers a copy of a synth MoE shape with small dims until the test ends.
+func tinyMoE(t *testing.T, from, name string) {
+	set := map[string]any{"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2}
+	if _, ok := synth.Shapes[from].Config["head_dim"]; ok {
+		set["head_dim"], set["moe_intermediate_size"] = 16, 32
+	}
+	if synth.Shapes[from].Config["bos_token_id"].(int) >= 512 {
+		set["bos_token_id"], set["eos_token_id"] = 300, 301
+	}
+	addShape(t, from, name, set)
 }
 
 // `loom synth` writes small copies of the MoE shapes (--layers, --experts) that generate the
@@ -39,7 +47,7 @@ func tinyMoE(from, name string) func() {
 func TestSynthMoE(t *testing.T) {
 	for _, from := range []string{"qwen3-30b-a3b", "mixtral-8x7b"} {
 		name := "tiny-" + from
-		defer tinyMoE(from, name)()
+		tinyMoE(t, from, name)
 		dir := t.TempDir()
 		stdout, stderr, err := run(t, "synth", name, "--out", dir, "--layers", "2", "--experts", "4", "--seed", "5")
 		if err != nil || !strings.Contains(stdout, "wrote "+name) {
@@ -92,17 +100,8 @@ func TestSynthUnknownShape(t *testing.T) {
 // every id generated decodes (with the old 258-token tokenizer almost every id of a larger
 // vocabulary had none, and replies came out empty).
 func TestSynthTokenizerCoversReplies(t *testing.T) {
-	s := synth.Shapes["qwen2.5-0.5b"]
-	cfg := map[string]any{}
-	for k, v := range s.Config {
-		cfg[k] = v
-	}
-	for k, v := range map[string]any{"vocab_size": 8192, "hidden_size": 64, "intermediate_size": 96,
-		"num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": 8000, "eos_token_id": 8002} {
-		cfg[k] = v
-	}
-	synth.Shapes["tiny-qwen-vocab"] = synth.Shape{Name: "tiny-qwen-vocab", Chat: s.Chat, Config: cfg}
-	defer delete(synth.Shapes, "tiny-qwen-vocab")
+	addShape(t, "qwen2.5-0.5b", "tiny-qwen-vocab", map[string]any{"vocab_size": 8192, "hidden_size": 64, "intermediate_size": 96,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": 8000, "eos_token_id": 8002})
 	dir := t.TempDir()
 	if _, stderr, err := run(t, "synth", "tiny-qwen-vocab", "--out", dir, "--layers", "1", "--seed", "3"); err != nil {
 		t.Fatalf("synth: %v\n%s", err, stderr)
@@ -154,7 +153,7 @@ func TestSynthTokenizerCoversReplies(t *testing.T) {
 // synth refuses a folder that is not empty, naming --force; --force writes over it and
 // leaves one checkpoint (an old single file does not shadow new shards).
 func TestSynthForce(t *testing.T) {
-	defer tinyMoE("mixtral-8x7b", "tiny-force")()
+	tinyMoE(t, "mixtral-8x7b", "tiny-force")
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
@@ -195,19 +194,10 @@ func TestSynthForce(t *testing.T) {
 // block scales); an unknown --fp8 value is refused before the folder is touched, naming the
 // flag and the formats it takes.
 func TestSynthFP8(t *testing.T) {
-	s := synth.Shapes["qwen2.5-0.5b"]
-	cfg := map[string]any{}
-	for k, v := range s.Config {
-		cfg[k] = v
-	}
 	// Every projection's rows a multiple of 128 (k/v: 2 heads of 64), as in the real models, so
 	// that fuse_gemms can join block-scaled weights on block boundaries.
-	for k, v := range map[string]any{"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,
-		"num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": 300, "eos_token_id": 301} {
-		cfg[k] = v
-	}
-	synth.Shapes["tiny-qwen-fp8"] = synth.Shape{Name: "tiny-qwen-fp8", Chat: s.Chat, Config: cfg}
-	defer delete(synth.Shapes, "tiny-qwen-fp8")
+	addShape(t, "qwen2.5-0.5b", "tiny-qwen-fp8", map[string]any{"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": 300, "eos_token_id": 301})
 
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("kept"), 0o644); err != nil {
