@@ -108,7 +108,7 @@ func init() {
 		},
 	})
 	Register(&OpSpec{
-		Name: "linear_fp8", Doc: "The quantized linear: x[...,K] @ dequantize_fp8(w[N,K], scale, dtype=x's)^T -> [...,N] of x's dtype (see dequantize_fp8 for the schemes and scale shapes). activation_scheme records what the checkpoint asks of an FP8 GEMM (none, dynamic: per-token scales computed at run time, static: the checkpoint's input_scale); the decomposition, and the CPU, compute in x's dtype on the dequantized weight and do not quantize activations.",
+		Name: "linear_fp8", Doc: "The quantized linear: x[...,K] @ dequantize_fp8(w[N,K], scale, dtype=x's)^T -> [...,N] of x's dtype (see dequantize_fp8 for the schemes and scale shapes). activation_scheme records what the checkpoint asks of an FP8 GEMM (none, dynamic: per-token scales computed at run time, static: the checkpoint's input_scale); the decomposition, and the CPU, compute in x's dtype on the dequantized weight and do not quantize activations; the CUDA backend's FP8 GEMM (more than 8 rows of bf16 x, dynamic or static) quantizes x to e4m3 as FP8 serving engines do.",
 		Inputs: []string{"x", "w", "scale"},
 		Attrs: append(slices.Clone(fp8Attrs), AttrSpec{Name: "activation_scheme", Type: AttrString, Default: "none",
 			Doc: "none, dynamic or static: how an FP8 GEMM would quantize x"}),
