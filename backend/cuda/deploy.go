@@ -123,9 +123,10 @@ func (cudaBackend) Deploy(ctx context.Context, s backend.Spec) (*backend.Deploym
 		}
 		dep.progs = append(dep.progs, prog)
 	}
-	warnFP8Batches(s.Graphs[0])
+	info := dep.devs[0].Info()
+	warnFP8Batches(s.Graphs[0], info.Major, info.Minor)
 	out := &backend.Deployment{
-		Ranks: ranks, Device: dep.devs[0].Info().String(), WeightBytes: dep.progs[0].WeightBytes(),
+		Ranks: ranks, Device: info.String(), WeightBytes: dep.progs[0].WeightBytes(),
 		FreeMemory: dep.freeMemory, Close: dep.close,
 	}
 	for _, p := range dep.progs {

@@ -215,23 +215,37 @@ func LinearFP8(d *Device, out, x, w, scale, ws *Tensor, scheme string, block []i
 	return d.do(func() error { return linearFP8(d, out, x, w, scale, ws, s, activation) })
 }
 
-// warnFP8Batches logs, for a graph with FP8 linears that the FP8 GEMM cannot take (weights
-// whose checkpoint keeps activations unquantized, e5m2 or block-scaled weights), what steps
-// of more than fp8GemvMaxM rows cost: such a linear dequantizes its whole weight into the
-// workspace at every step before cuBLAS, slower than bf16 weights.
-func warnFP8Batches(g *graph.Graph) {
+// warnFP8Batches logs fp8BatchWarning's warning, if any, for graph g on a GPU of compute
+// capability major.minor.
+func warnFP8Batches(g *graph.Graph, major, minor int) {
+	if msg, attrs := fp8BatchWarning(g, major, minor); msg != "" {
+		slog.Warn(msg, attrs...)
+	}
+}
+
+// fp8BatchWarning says what steps of more than fp8GemvMaxM rows cost a graph with FP8
+// linears that the FP8 GEMM cannot take, on a GPU of compute capability major.minor: on a
+// GPU without FP8 tensor cores (before sm_89) every such linear, and elsewhere those whose
+// checkpoint keeps activations unquantized or whose weights are e5m2 or in blocks other
+// than 128x128, dequantize their whole weight into the workspace at every step before
+// cuBLAS, slower than bf16 weights. It returns "" when there is nothing to say.
+func fp8BatchWarning(g *graph.Graph, major, minor int) (string, []any) {
 	for _, n := range g.Nodes {
 		if n.Op != "linear_fp8" {
 			continue
 		}
+		attrs := []any{"gemv_max_rows", fp8GemvMaxM, "example", n.Inputs[1].Name, "scheme", n.Attrs.String("scheme"),
+			"activation_scheme", n.Attrs.String("activation_scheme")}
+		if major*10+minor < 89 {
+			return fmt.Sprintf("cuda: sm_%d%d has no FP8 tensor cores: FP8 linears run a GEMV up to a few rows a step and dequantize their weight at larger steps, slower than bf16 weights", major, minor), attrs
+		}
 		s, err := fp8SchemeOf(n)
 		act := n.Attrs.String("activation_scheme")
-		if err != nil || s.kind == 2 || n.Inputs[1].Type.DType != tensor.F8E4M3 || (act != "dynamic" && act != "static") {
-			slog.Warn("cuda: some FP8 linears run a GEMV up to a few rows a step and dequantize their weight at larger steps, slower than bf16 weights (the FP8 GEMM takes e4m3 weights with tensor or channel scales and FP8 activations)",
-				"gemv_max_rows", fp8GemvMaxM, "example", n.Inputs[1].Name, "scheme", n.Attrs.String("scheme"), "activation_scheme", act)
-			return
+		if err != nil || (s.kind == 2 && (s.bn != 128 || s.bk != 128)) || n.Inputs[1].Type.DType != tensor.F8E4M3 || (act != "dynamic" && act != "static") {
+			return "cuda: some FP8 linears run a GEMV up to a few rows a step and dequantize their weight at larger steps, slower than bf16 weights (the FP8 GEMM takes e4m3 weights with tensor, channel or 128x128 block scales whose checkpoint asks for FP8 activations)", attrs
 		}
 	}
+	return "", nil
 }
 
 func linearFP8(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, act string) error {

@@ -257,3 +257,39 @@ func TestFP8GemmFits(t *testing.T) {
 		t.Errorf("workspace %d, want %d (the GEMM's)", got, want)
 	}
 }
+
+// TestFP8BatchWarning checks when loading an FP8 graph warns that batches dequantize (no
+// GPU needed): always before sm_89, and elsewhere for the linears the FP8 GEMM cannot take.
+func TestFP8BatchWarning(t *testing.T) {
+	x := tensor.New(tensor.BF16, 16, 256)
+	graphOf := func(wdt tensor.DType, scheme string, block []int, act string) *graph.Graph {
+		sc := fp8SchemeCase{scheme: scheme, block: block, sdt: tensor.F32}
+		shape := map[string][]int{"tensor": {1}, "channel": {128, 1}}[scheme]
+		if scheme == "block" {
+			shape = []int{(128 + block[0] - 1) / block[0], (256 + block[1] - 1) / block[1]}
+		}
+		attrs := fp8Attrs(sc)
+		attrs["activation_scheme"] = act
+		g, _ := opGraph(t, "linear_fp8", attrs, x, tensor.New(wdt, 128, 256), tensor.New(tensor.F32, shape...))
+		return g
+	}
+	for _, tc := range []struct {
+		name         string
+		g            *graph.Graph
+		major, minor int
+		want         string // in the warning; "" for none
+	}{
+		{"channel dynamic, H200", graphOf(tensor.F8E4M3, "channel", nil, "dynamic"), 9, 0, ""},
+		{"block 128 dynamic, H200", graphOf(tensor.F8E4M3, "block", []int{128, 128}, "dynamic"), 9, 0, ""},
+		{"channel dynamic, A100", graphOf(tensor.F8E4M3, "channel", nil, "dynamic"), 8, 0, "sm_80 has no FP8 tensor cores"},
+		{"channel dynamic, L40S", graphOf(tensor.F8E4M3, "channel", nil, "dynamic"), 8, 9, ""},
+		{"weight-only", graphOf(tensor.F8E4M3, "channel", nil, "none"), 9, 0, "some FP8 linears"},
+		{"e5m2", graphOf(tensor.F8E5M2, "tensor", nil, "dynamic"), 9, 0, "some FP8 linears"},
+		{"block 16", graphOf(tensor.F8E4M3, "block", []int{16, 16}, "dynamic"), 9, 0, "some FP8 linears"},
+	} {
+		msg, _ := fp8BatchWarning(tc.g, tc.major, tc.minor)
+		if (msg == "") != (tc.want == "") || !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: warning %q, want one containing %q", tc.name, msg, tc.want)
+		}
+	}
+}
