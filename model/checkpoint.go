@@ -48,6 +48,10 @@ type Checkpoint struct {
 	bytesMapped atomic.Int64 // see Mapped
 	// quant, when set, quantizes weights as they are read (QuantizeWhileLoading).
 	quant *loadQuant
+	// stored is the quantization_config of a checkpoint stored quantized (set by Open): a
+	// quantized weight that a graph reads as a float param is dequantized as it is read
+	// (quant_dequantize.go).
+	stored *QuantConfig
 }
 
 var _ graph.WeightsInto = (*Checkpoint)(nil)
@@ -227,6 +231,10 @@ func (c *Checkpoint) searched() string {
 // the slice to read (dim -1: the whole tensor). A ref with SliceDim < 0 or SliceCount 0
 // reads the whole tensor, as ParamRef.LocalShape treats it.
 func (c *Checkpoint) resolve(ref graph.ParamRef) (f *safetensors.File, dim, index, count int, err error) {
+	if c.dequantizes(ref) {
+		f, _, _, dim, index, count, err = c.resolveDequant(ref)
+		return f, dim, index, count, err
+	}
 	if qi, ok := c.quantInfo(ref.Key); ok {
 		return c.where[qi.Name], -1, 0, 1, c.resolveQuant(ref, qi)
 	}
@@ -273,6 +281,13 @@ func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tens
 		}
 		return out, nil
 	}
+	if c.dequantizes(ref) {
+		out := tensor.New(ref.DType, ref.LocalShape()...)
+		if err := c.loadDequantInto(ref, out); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	if qi, ok := c.quantInfo(ref.Key); ok {
 		if err := c.resolveQuant(ref, qi); err != nil {
 			return nil, err
@@ -296,14 +311,21 @@ func (c *Checkpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tens
 
 // LoadInto reads what Load would return straight into dst (graph.WeightsInto), which must have
 // ref.DType and ref.LocalShape(): a plain or sliced tensor is read from the file into dst's
-// memory without an intermediate copy, a stacked one member by member into its rows; a
-// quantized one is loaded and copied.
+// memory without an intermediate copy, a stacked one member by member into its rows, a
+// dequantized one (quant_dequantize.go) computed into dst; a quantized one is loaded and
+// copied.
 func (c *Checkpoint) LoadInto(ctx context.Context, ref graph.ParamRef, dst *tensor.Tensor) error {
 	if want := ref.LocalShape(); dst.DType != ref.DType || !slices.Equal(dst.Shape, want) || dst.Len() != tensor.Numel(want) {
 		return fmt.Errorf("load %q: destination is %s%v, the graph expects %s%v", ref.Key, dst.DType, dst.Shape, ref.DType, want)
 	}
 	if ref.Stack != 0 {
 		return graph.LoadStackInto(ctx, ref, dst, c.LoadInto)
+	}
+	if c.dequantizes(ref) {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("load %q: %w", ref.Key, err)
+		}
+		return c.loadDequantInto(ref, dst)
 	}
 	if _, quant := c.quantInfo(ref.Key); quant {
 		t, err := c.Load(ctx, ref)

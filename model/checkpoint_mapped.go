@@ -15,7 +15,8 @@ import (
 // can, a tensor that shares the file's read-only memory mapping (safetensors.File.View)
 // instead of a copy, so loading does no work for it and the process holds its bytes once, as
 // page cache. Where it cannot (a quantized or stacked param, a slice that is not one
-// contiguous run of the file, a misaligned or non-native dtype) Load copies, as
+// contiguous run of the file, a misaligned or non-native dtype, a weight dequantized while
+// loading) Load copies, as
 // Checkpoint.Load does. LoadInto always reads with pread, never through the mapping, so the
 // parts of a concatenation (a fused weight) are not counted twice in resident memory.
 //
@@ -31,7 +32,7 @@ type mappedCheckpoint struct{ c *Checkpoint }
 
 func (m mappedCheckpoint) Load(ctx context.Context, ref graph.ParamRef) (*tensor.Tensor, error) {
 	c := m.c
-	if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 {
+	if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 || c.dequantizes(ref) {
 		return c.Load(ctx, ref)
 	}
 	if err := ctx.Err(); err != nil {
@@ -68,7 +69,7 @@ func (m mappedCheckpoint) ViewConcat(ctx context.Context, refs []graph.ParamRef)
 	var file *safetensors.File
 	names := make([]string, len(refs))
 	for i, ref := range refs {
-		if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 {
+		if _, quant := c.quantInfo(ref.Key); quant || ref.Stack != 0 || c.dequantizes(ref) {
 			return nil, false, nil
 		}
 		f, dim, _, _, err := c.resolve(ref)

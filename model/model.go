@@ -17,7 +17,9 @@ type Model struct {
 }
 
 // Open reads config.json and, if present, generation_config.json from dir, and opens the
-// checkpoint's weights (see OpenCheckpoint). Errors name the directory.
+// checkpoint's weights (see OpenCheckpoint). With a quantization_config, a quantized weight
+// that a graph reads as a float param is dequantized as it is read (quant_dequantize.go).
+// Errors name the directory.
 func Open(dir string) (*Model, error) {
 	cfg, err := LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
@@ -35,6 +37,9 @@ func Open(dir string) (*Model, error) {
 	}
 	if m.Checkpoint, err = OpenCheckpoint(dir); err != nil {
 		return nil, fmt.Errorf("open model %s: %w", dir, err)
+	}
+	if cfg.Quant != nil && cfg.Quant.Method != QuantLoad {
+		m.Checkpoint.stored = cfg.Quant // quant_dequantize.go
 	}
 	return m, nil
 }

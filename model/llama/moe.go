@@ -192,14 +192,14 @@ func (b *builder) sparseMoE(p string, x *graph.Value, m *moe) *graph.Value {
 	blk := p + "." + m.block
 	b.SetScope(blk)
 	E, H, I := cfg.NumLocalExperts, cfg.HiddenSize, m.expertWidth(cfg)
-	router := b.param(blk+".gate.weight", E, H)
+	router := b.sparseParam(blk+".gate", E, H)
 	experts := make([]graph.MoEExpert, E)
 	for e := range experts {
 		ep := fmt.Sprintf("%s.experts.%d.", blk, e)
 		experts[e] = graph.MoEExpert{
-			Gate: b.param(ep+m.gate+".weight", I, H),
-			Up:   b.param(ep+m.up+".weight", I, H),
-			Down: b.param(ep+m.down+".weight", H, I),
+			Gate: b.sparseParam(ep+m.gate, I, H),
+			Up:   b.sparseParam(ep+m.up, I, H),
+			Down: b.sparseParam(ep+m.down, H, I),
 		}
 	}
 	r := graph.MoERouting{TopK: cfg.NumExpertsPerTok, Renormalize: m.renormalize(cfg), WeightDType: b.act}
@@ -211,7 +211,7 @@ func (b *builder) sparseMoE(p string, x *graph.Value, m *moe) *graph.Value {
 		b.SetScope(blk + ".shared_expert")
 		shared := b.swiglu(blk+".shared_expert", x, cfg.MoE.SharedExpertIntermediateSize)
 		b.SetScope(blk + ".shared_expert_gate")
-		gate := b.Unary("sigmoid", b.Linear(x, b.param(blk+".shared_expert_gate.weight", 1, H)))
+		gate := b.Unary("sigmoid", b.Linear(x, b.sparseParam(blk+".shared_expert_gate", 1, H)))
 		out = b.Add(out, b.Mul(gate, shared))
 	}
 	return out

@@ -38,8 +38,9 @@ type scaleType struct {
 	dtype tensor.DType
 }
 
-// quantScales checks the tensors of every quantized module of a dense Llama-family model in
-// the checkpoint (when the options give it), before the graph is built, and returns each
+// quantScales checks the tensors of every quantized linear module of a Llama-family model
+// (attention, dense MLPs, Qwen2-MoE's shared experts, the LM head; not the experts, see
+// sparseParam) in the checkpoint (when the options give it), before the graph is built, and returns each
 // scale's stored shape and dtype by module.
 func quantScales(cfg *model.Config, opts model.BuildOptions) (map[string]scaleType, error) {
 	q, t := cfg.Quant, opts.Tensors
@@ -58,6 +59,10 @@ func quantScales(cfg *model.Config, opts model.BuildOptions) (map[string]scaleTy
 			mod{p + "self_attn.q_proj", H * D, cfg.HiddenSize}, mod{p + "self_attn.k_proj", KV * D, cfg.HiddenSize},
 			mod{p + "self_attn.v_proj", KV * D, cfg.HiddenSize}, mod{p + "self_attn.o_proj", cfg.HiddenSize, H * D},
 			mod{p + "mlp.gate_proj", I, cfg.HiddenSize}, mod{p + "mlp.up_proj", I, cfg.HiddenSize}, mod{p + "mlp.down_proj", cfg.HiddenSize, I})
+		if S := cfg.MoE.SharedExpertIntermediateSize; S > 0 && cfg.IsSparseLayer(l) { // Qwen2-MoE's shared expert: linears of their own
+			mods = append(mods, mod{p + "mlp.shared_expert.gate_proj", S, cfg.HiddenSize}, mod{p + "mlp.shared_expert.up_proj", S, cfg.HiddenSize},
+				mod{p + "mlp.shared_expert.down_proj", cfg.HiddenSize, S})
+		}
 	}
 	if !cfg.TieWordEmbeddings {
 		mods = append(mods, mod{"lm_head", cfg.VocabSize, cfg.HiddenSize})
@@ -106,4 +111,72 @@ func checkQuantTensors(t model.TensorInfoSource, q *model.QuantConfig, wkey, ske
 	}
 	*scaleShape, *scaleDT = s.Shape, s.DType
 	return nil
+}
+
+// sparseParam declares the weight [out,in] of a module of a sparse block that is not a
+// linear of its own (an expert's projection, a router, Qwen2-MoE's shared-expert gate). A
+// module that the checkpoint stores quantized is declared in the config's weight dtype
+// (bf16 for the released FP8 checkpoints) and the checkpoint dequantizes it while loading
+// (model/quant_dequantize.go: decode(w)·scale in f32, rounded once, as dequantize_fp8 does):
+// the moe op and its kernels have no fp8 form yet, so they see the experts in bf16 and the
+// model computes what it would with the dequantized weights stored. Only the fp8 bytes of
+// the experts a rank holds (and of its slice of them) are read. Other modules read as stored.
+func (b *builder) sparseParam(module string, out, in int) *graph.Value {
+	if st, ok := b.dequantized[module]; ok {
+		return b.Param(module+".weight", st, graph.Dims(out, in))
+	}
+	return b.param(module+".weight", out, in)
+}
+
+// dequantizedModules checks, with the checkpoint at hand, the sparse blocks' modules that
+// the checkpoint stores quantized (stored in the config's quantized dtype, quantized by its
+// quantization_config): each must have a scale that fits its weight. It returns the dtype
+// each such module is read in (the config's weight dtype), by module. A module the config
+// quantizes but the checkpoint stores unquantized (a bf16 router, as FP8 checkpoints keep
+// them whatever modules_to_not_convert says) reads as stored.
+func dequantizedModules(cfg *model.Config, opts model.BuildOptions, m *moe) (map[string]tensor.DType, error) {
+	q, t := cfg.Quant, opts.Tensors
+	if q == nil || t == nil || q.Method == model.QuantLoad {
+		return nil, nil
+	}
+	E, H := cfg.NumLocalExperts, cfg.HiddenSize
+	I := m.expertWidth(cfg)
+	type mod struct {
+		name    string
+		out, in int
+	}
+	var mods []mod
+	for l := range cfg.NumHiddenLayers {
+		if !cfg.IsSparseLayer(l) {
+			continue
+		}
+		blk := fmt.Sprintf("model.layers.%d.%s", l, m.block)
+		mods = append(mods, mod{blk + ".gate", E, H})
+		if m.sharedExpert {
+			mods = append(mods, mod{blk + ".shared_expert_gate", 1, H})
+		}
+		for e := range E {
+			ep := fmt.Sprintf("%s.experts.%d.", blk, e)
+			mods = append(mods, mod{ep + m.gate, I, H}, mod{ep + m.up, I, H}, mod{ep + m.down, H, I})
+		}
+	}
+	out := map[string]tensor.DType{}
+	for _, md := range mods {
+		w, ok := t.Info(md.name + ".weight")
+		if !ok || !w.DType.IsFloat8() {
+			continue
+		}
+		if !q.Quantized(md.name) {
+			return nil, fmt.Errorf("tensor %q is stored as %s, but quantization_config (%s) leaves %s unquantized", md.name+".weight", w.StoredDType, q, md.name)
+		}
+		st := scaleType{q.ScaleShape(md.out, md.in), tensor.F32}
+		if err := checkQuantTensors(t, q, md.name+".weight", md.name+"."+q.ScaleSuffix, md.out, md.in, &st.shape, &st.dtype); err != nil {
+			return nil, err
+		}
+		if !slices.Equal(w.Shape, []int{md.out, md.in}) {
+			return nil, fmt.Errorf("tensor %q has shape %v, want %v", md.name+".weight", w.Shape, []int{md.out, md.in})
+		}
+		out[md.name] = cfg.WeightDType()
+	}
+	return out, nil
 }
