@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -126,8 +127,8 @@ func fp8GemmFits(x, w *Tensor, s fp8Scheme, act string, M, N, K int) error {
 
 // fp8GemmWorkspace is the bytes the GEMM needs for M rows of K and N outputs: q, then x's
 // scales and the weight's f32 scales (room for both schemes: one per row or per group of
-// 128 of a row, one per output row or per 128x128 block), then, where block scales pad the
-// rows, the padded product; each from a 256-byte boundary.
+// 128 of a row, one per output row or per 128x128 block), then, where VEC128 scales of x
+// pad its rows, the padded product; each from a 256-byte boundary.
 func fp8GemmWorkspace(M, N, K int) int64 {
 	rows := fp8BlockRows(M)
 	sx, sw := fp8ScaleCounts(M, N, K)
@@ -138,9 +139,9 @@ func fp8GemmWorkspace(M, N, K int) int64 {
 	return n
 }
 
-// fp8BlockRows is the rows of a block-scaled product of M rows of x: cuBLASLt's heuristic
-// offers VEC128 scales of x only for a multiple of 4 rows (H200, cuBLAS 13.1), so the
-// product runs on zero rows up to one and its first M rows are copied out.
+// fp8BlockRows is the rows of a product of M rows of x with VEC128 scales of x (groups or
+// blocks): cuBLASLt's heuristic offers those only for a multiple of 4 rows (H200, cuBLAS
+// 13.1), so the product runs on zero rows up to one and its first M rows are copied out.
 func fp8BlockRows(M int) int { return (M + 3) &^ 3 }
 
 // fp8ScaleCounts is the most f32 scales of x and of the weight a product can need.
@@ -181,7 +182,12 @@ func fp8Gemm(d *Device, out, x, w, scale, ws *Tensor, s fp8Scheme, M, N, K int) 
 	if !ok {
 		p = newFP8GemmPlan(d, key)
 		if p.prob == nil {
-			slog.Info("cuda: no cuBLASLt FP8 algorithm; the product dequantizes its weight", "shape", key, "why", p.why)
+			// Said once a device at Info (a shape a bucket follows), then at Debug.
+			level := slog.LevelDebug
+			if !t.fp8Refused {
+				level, t.fp8Refused = slog.LevelInfo, true
+			}
+			slog.Log(context.Background(), level, "cuda: no cuBLASLt FP8 algorithm; the product dequantizes its weight", "shape", key, "why", p.why)
 		}
 		t.fp8[key] = p
 	}

@@ -171,7 +171,9 @@ type gemmTuner struct {
 	l2    int   // the L2 cache's size in bytes (0 until queried)
 	plans map[gemmKey]*gemmPlan
 	fp8   map[fp8GemmKey]*fp8GemmPlan // the FP8 GEMM's shapes (fp8_gemm.go)
-	spent time.Duration
+	// fp8Refused is set once a shape found no FP8 algorithm (logged at Info once).
+	fp8Refused bool
+	spent      time.Duration
 }
 
 // tuner returns the device's tuning state, creating it (and the cuBLASLt handle) on first
