@@ -39,6 +39,11 @@ type Program struct {
 
 	// onFree, when set (by tests), is told of every value a run releases.
 	onFree func(v *graph.Value)
+
+	// bufs holds the activation buffers runs have given back, for the next steps and runs
+	// (arena.go); noArena (tests) makes runs allocate every output from the Go heap.
+	bufs    bufPool
+	noArena bool
 }
 
 type inputSlot struct {
@@ -337,6 +342,11 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 		return nil, fmt.Errorf("cpu: run %s: %w", p.g.Name, err)
 	}
 	var scratch []*tensor.Tensor // kernel inputs, reused from step to step
+	var outScratch []Out         // kernel outputs with the run's arena
+	var ar *arena
+	if !p.noArena {
+		ar = p.bufs.arena(len(p.values))
+	}
 	for _, st := range p.steps {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("cpu: run %s: before %s: %w", p.g.Name, st.node, err)
@@ -354,6 +364,13 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 				return nil, fmt.Errorf("cpu: run %s: %s: input %d was released early (internal error)", p.g.Name, st.node, i)
 			}
 		}
+		if ar != nil {
+			outScratch = append(outScratch[:0], outs...)
+			for i := range outScratch {
+				outScratch[i].arena = ar
+			}
+			outs = outScratch
+		}
 		clearVectorState()
 		k := st.kernel
 		if st.run != nil {
@@ -368,12 +385,21 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 		for i, s := range st.out {
 			vals[s] = res[i]
 		}
+		if ar != nil {
+			ar.stepDone(st.out, res)
+		}
 		for _, s := range st.free {
 			vals[s] = nil
+			if ar != nil {
+				ar.release(s)
+			}
 			if p.onFree != nil {
 				p.onFree(p.values[s])
 			}
 		}
+	}
+	if ar != nil {
+		ar.finish(p.outputs)
 	}
 	outs := make([]*tensor.Tensor, len(p.outputs))
 	for i, s := range p.outputs {

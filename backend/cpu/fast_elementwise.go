@@ -53,7 +53,7 @@ func fastBinary(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 		return binaryArith(n, in, out)
 	}
 	a, b := in[0], in[1]
-	res := tensor.New(out[0].DType, out[0].Shape...)
+	res := newOut(out[0])
 	// Rows of the shorter input's length (the whole tensor in chunks when neither repeats).
 	row := min(na, nb)
 	if row == size {

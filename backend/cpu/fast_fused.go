@@ -109,7 +109,7 @@ func fastRMSNorm(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 	if err := checkShape(x.Shape, o); err != nil {
 		return nil, err
 	}
-	res := tensor.New(o.DType, o.Shape...)
+	res := newOutDirty(o) // every row is written below
 	if D == 0 || x.Numel() == 0 {
 		return []*tensor.Tensor{res}, nil
 	}
@@ -150,7 +150,7 @@ func fastAddRMSNorm(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Te
 			return nil, fmt.Errorf("output %d: %w", i, err)
 		}
 	}
-	normed, sum := tensor.New(out[0].DType, x.Shape...), tensor.New(out[1].DType, x.Shape...)
+	normed, sum := newOutDirty(out[0]), newOutDirty(out[1]) // every row is written below
 	if D == 0 || x.Numel() == 0 {
 		return []*tensor.Tensor{normed, sum}, nil
 	}
@@ -208,7 +208,7 @@ func fastRope(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, 
 		}
 	}
 	D := 2 * half
-	res := []*tensor.Tensor{tensor.New(out[0].DType, q.Shape...), tensor.New(out[1].DType, k.Shape...)}
+	res := []*tensor.Tensor{newOut(out[0]), newOut(out[1])}
 	if D == 0 || B*S == 0 {
 		return res, nil
 	}
@@ -297,7 +297,7 @@ func fastRepeatKV(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tens
 	if err := checkShape([]int{B, KV * rep, x.Shape[2], x.Shape[3]}, o); err != nil {
 		return nil, err
 	}
-	res := tensor.New(o.DType, o.Shape...)
+	res := newOut(o)
 	for b := range B {
 		for h := range KV {
 			src := (b*KV + h) * block
@@ -343,7 +343,7 @@ func fastSDPA(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, 
 	if err != nil {
 		return nil, err
 	}
-	res := tensor.New(o.DType, o.Shape...)
+	res := newOut(o)
 	if q.Numel() == 0 {
 		return []*tensor.Tensor{res}, nil
 	}
@@ -443,7 +443,7 @@ func fastSwiGLU(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 	if err := checkShape(g.Shape, o); err != nil {
 		return nil, err
 	}
-	res := tensor.New(o.DType, o.Shape...)
+	res := newOutDirty(o) // every chunk is written below
 	const chunk = 1024
 	size := g.Numel()
 	parallel(size, grainFor(size, 20, chunk), func(lo, hi int) {

@@ -69,13 +69,16 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 		return nil, err
 	}
 	x, w, o := in[0], in[1], out[0]
-	res := make([]float32, M*N)
+	var res []float32
 	if M > 0 && N > 0 && K > 0 {
+		res = o.scratchF32(M * N) // every element is written below
 		xs, buf := widenInto(x)
 		gemmRows(res, xs, w, M, N, K)
 		if buf != nil {
 			putF32(buf)
 		}
+	} else {
+		res = newShaped(o.arena, tensor.F32, []int{M * N}, true).F32
 	}
 	return []*tensor.Tensor{fromF32(res, o)}, nil
 }

@@ -85,7 +85,7 @@ func packedRoPE(n *graph.Node, x, pos, qn, kn *tensor.Tensor, out []Out) ([]*ten
 		if out[i].DType != dts[i] {
 			return nil, fmt.Errorf("output %d is %s, want %s", i, out[i].DType, dts[i])
 		}
-		res[i] = tensor.New(dts[i], shape...)
+		res[i] = newShaped(out[i].arena, dts[i], shape, true)
 	}
 	if B*S == 0 {
 		return res, nil
@@ -151,7 +151,7 @@ func fastSwiGLUPacked(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.
 	if o.DType != x.DType {
 		return nil, fmt.Errorf("output is %s, want x's dtype %s", o.DType, x.DType)
 	}
-	res := tensor.New(o.DType, shape...)
+	res := newShaped(o.arena, o.DType, shape, false) // every chunk is written below
 	if I == 0 || x.Numel() == 0 {
 		return []*tensor.Tensor{res}, nil
 	}
@@ -191,7 +191,7 @@ func fastLinearThen(op string) Kernel {
 		}
 		lin, _ := Lookup("linear")
 		shape := append(append([]int(nil), x.Shape[:len(x.Shape)-1]...), w.Shape[0])
-		y, err := lin(&graph.Node{Op: "linear", Scope: n.Scope}, in[:2], []Out{{DType: x.DType, Shape: shape}})
+		y, err := lin(&graph.Node{Op: "linear", Scope: n.Scope}, in[:2], []Out{{DType: x.DType, Shape: shape, arena: out[0].arena}})
 		if err != nil {
 			return nil, fmt.Errorf("%s: linear: %w", n.Op, err)
 		}

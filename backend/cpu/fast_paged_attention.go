@@ -36,7 +36,7 @@ func init() { Register("paged_attention", fastPagedAttention) }
 
 // fastAttend computes the output [1,H,S,D] of every query row, reading the caches in place.
 func (a *pagedArgs) fastAttend(o Out) *tensor.Tensor {
-	res := tensor.New(o.DType, o.Shape...)
+	res := newOut(o)
 	if a.S == 0 || a.H == 0 || a.D == 0 {
 		return res
 	}

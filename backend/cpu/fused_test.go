@@ -233,7 +233,7 @@ func TestDecomposedChecksInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := outs[0].Producer
-	o := []Out{{tensor.F32, []int{1, 1, 2, 4}}, {tensor.F32, []int{1, 1, 2, 4}}}
+	o := []Out{{DType: tensor.F32, Shape: []int{1, 1, 2, 4}}, {DType: tensor.F32, Shape: []int{1, 1, 2, 4}}}
 	qt := tensor.New(tensor.F32, 1, 1, 2, 4)
 	if _, err := k(n, []*tensor.Tensor{qt, qt, tensor.New(tensor.I32, 2)}, o); err == nil {
 		t.Errorf("rope with positions of rank 1: no error")

@@ -36,6 +36,10 @@ import (
 type Out struct {
 	DType tensor.DType
 	Shape []int
+
+	// arena, set by Program.Run, is where this package's kernels take the output's storage
+	// (newOut, arena.go); nil outside a run (folding, tests, other callers): the Go heap.
+	arena *arena
 }
 
 func (o Out) String() string { return fmt.Sprintf("%s%v", o.DType, o.Shape) }

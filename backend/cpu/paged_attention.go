@@ -40,7 +40,7 @@ func pagedAttentionKernel(attend func(*pagedArgs, Out) *tensor.Tensor) Kernel {
 			if len(o.Shape) != 4 || len(in[0].Shape) != 4 {
 				return nil, fmt.Errorf("paged_attention: token-major output %v for q %v", o.Shape, in[0].Shape)
 			}
-			o = Out{DType: o.DType, Shape: []int{o.Shape[0], o.Shape[2], o.Shape[1], o.Shape[3]}}
+			o = Out{DType: o.DType, Shape: []int{o.Shape[0], o.Shape[2], o.Shape[1], o.Shape[3]}, arena: o.arena}
 		}
 		pa, err := newPagedArgs(n, in, o)
 		if err != nil {
@@ -53,7 +53,7 @@ func pagedAttentionKernel(attend func(*pagedArgs, Out) *tensor.Tensor) Kernel {
 		res := attend(pa, o)
 		if tokenMajor {
 			sh, st := res.Shape, tensor.Strides(res.Shape)
-			res = gather(res, []int{sh[0], sh[2], sh[1], sh[3]}, []int{st[0], st[2], st[1], st[3]}, 0)
+			res = gatherIn(o.arena, res, []int{sh[0], sh[2], sh[1], sh[3]}, []int{st[0], st[2], st[1], st[3]}, 0)
 		}
 		return []*tensor.Tensor{res}, nil
 	}

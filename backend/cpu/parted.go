@@ -196,13 +196,16 @@ func fastLinearParts(x *tensor.Tensor, parts []*tensor.Tensor, o Out) (*tensor.T
 		return nil, err
 	}
 	M := tensor.Numel(x.Shape[:len(x.Shape)-1])
-	res := make([]float32, M*N)
+	var res []float32
 	if M > 0 && N > 0 && K > 0 {
+		res = o.scratchF32(M * N) // every element is written below
 		xs, buf := widenInto(x)
 		gemmParts(res, xs, parts, M, N, K)
 		if buf != nil {
 			putF32(buf)
 		}
+	} else {
+		res = newShaped(o.arena, tensor.F32, []int{M * N}, true).F32
 	}
 	return fromF32(res, o), nil
 }

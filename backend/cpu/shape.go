@@ -31,8 +31,8 @@ func reshape(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, e
 	if x.Numel() != tensor.Numel(o.Shape) {
 		return nil, fmt.Errorf("cannot reshape %v (%d elements) to %v", x.Shape, x.Numel(), o.Shape)
 	}
-	r := x.Clone()
-	r.Shape = slices.Clone(o.Shape)
+	r := newOutDirty(o)
+	tensor.CopyRange(r, 0, x, 0, x.Numel()) // every element
 	return []*tensor.Tensor{r}, nil
 }
 
@@ -63,7 +63,7 @@ func transpose(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor,
 	if err := checkShape(shape, o); err != nil {
 		return nil, err
 	}
-	return []*tensor.Tensor{gather(x, shape, stride, 0)}, nil
+	return []*tensor.Tensor{gatherIn(o.arena, x, shape, stride, 0)}, nil
 }
 
 // slice: x[...,D,...] -> out[...,ceil((end-start)/step),...], elements start, start+step, ...
@@ -94,7 +94,7 @@ func slice(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, err
 	if err := checkShape(shape, o); err != nil {
 		return nil, err
 	}
-	return []*tensor.Tensor{gather(x, shape, stride, base)}, nil
+	return []*tensor.Tensor{gatherIn(o.arena, x, shape, stride, base)}, nil
 }
 
 // concat: x0[...,D0,...], x1[...,D1,...], ... -> out[...,D0+D1+...,...] along the "axis"
@@ -128,7 +128,7 @@ func concat(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 	if err := checkShape(shape, o); err != nil {
 		return nil, err
 	}
-	res := tensor.New(o.DType, shape...)
+	res := newShaped(o.arena, o.DType, shape, true)
 	stride := tensor.Strides(shape)
 	at := 0
 	for _, t := range in {
@@ -172,7 +172,7 @@ func split(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, err
 		if err := checkShape(shape, out[i]); err != nil {
 			return nil, fmt.Errorf("output %d: %w", i, err)
 		}
-		res[i] = gather(x, shape, stride, at*stride[ax])
+		res[i] = gatherIn(out[i].arena, x, shape, stride, at*stride[ax])
 		at += s
 	}
 	return res, nil
@@ -192,7 +192,7 @@ func expand(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor, er
 	if err != nil {
 		return nil, err
 	}
-	return []*tensor.Tensor{gather(x, o.Shape, stride, 0)}, nil
+	return []*tensor.Tensor{gatherIn(o.arena, x, o.Shape, stride, 0)}, nil
 }
 
 func init() {

@@ -64,8 +64,8 @@ func TestTopKKernelErrors(t *testing.T) {
 		out  []Out
 		want string
 	}{
-		{[]Out{{tensor.F32, []int{2}}, {tensor.I64, []int{2}}}, "asked for f32 and i64"},
-		{[]Out{{tensor.F32, []int{3}}, {tensor.I32, []int{3}}}, "output is declared [3]"},
+		{[]Out{{DType: tensor.F32, Shape: []int{2}}, {DType: tensor.I64, Shape: []int{2}}}, "asked for f32 and i64"},
+		{[]Out{{DType: tensor.F32, Shape: []int{3}}, {DType: tensor.I32, Shape: []int{3}}}, "output is declared [3]"},
 	} {
 		if _, err := topk(n, in, tc.out); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("error %v, want %q", err, tc.want)

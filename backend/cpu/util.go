@@ -137,7 +137,12 @@ func gatherT[T any](dst, src []T, shape, stride []int, base int) {
 // element of src at base + sum(index[d] * stride[d]). Transpose, slice, split and expand are
 // all gathers with the right strides.
 func gather(src *tensor.Tensor, shape, stride []int, base int) *tensor.Tensor {
-	out := tensor.New(src.DType, shape...)
+	return gatherIn(nil, src, shape, stride, base)
+}
+
+// gatherIn is gather with the result's storage from a (nil: the Go heap).
+func gatherIn(a *arena, src *tensor.Tensor, shape, stride []int, base int) *tensor.Tensor {
+	out := newShaped(a, src.DType, shape, true)
 	switch src.DType {
 	case tensor.F32:
 		gatherT(out.F32, src.F32, shape, stride, base)
