@@ -28,7 +28,7 @@ import (
 // Inputs, weights and anything a kernel made without the arena are never pooled.
 
 // arenaMinBytes is the smallest buffer worth pooling; smaller ones come from the Go heap.
-const arenaMinBytes = 4 << 10
+const arenaMinBytes = 512
 
 // arenaRetainBytes bounds the free bytes a program's pool keeps (between runs, and during
 // one): a buffer given back past it is left to the collector. It is well above the working

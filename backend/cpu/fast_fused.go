@@ -60,6 +60,16 @@ func checkFloats(op string, in []*tensor.Tensor, out []Out) error {
 	return nil
 }
 
+// floatsOf returns the float tensor t's elements as float32 (Float32s), widened into a pooled
+// buffer for bf16 and f16 (returned second, to give back with putF32; nil otherwise).
+func floatsOf(t *tensor.Tensor) ([]float32, *[]float32) {
+	switch t.DType {
+	case tensor.F32, tensor.BF16, tensor.F16:
+		return widenInto(t)
+	}
+	return t.Float32s(), nil
+}
+
 // checkNorm checks x[...,D] against the norm weight w[D] and returns D.
 func checkNorm(x, w *tensor.Tensor) (int, error) {
 	if len(x.Shape) == 0 || len(w.Shape) != 1 || w.Shape[0] != x.Shape[len(x.Shape)-1] {
@@ -113,7 +123,10 @@ func fastRMSNorm(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tenso
 	if D == 0 || x.Numel() == 0 {
 		return []*tensor.Tensor{res}, nil
 	}
-	wv := w.Float32s()
+	wv, wbuf := floatsOf(w)
+	if wbuf != nil {
+		defer putF32(wbuf)
+	}
 	eps := float32(n.Attrs.Float("eps"))
 	rows := x.Numel() / D
 	parallel(rows, grainFor(rows, 4*D, 1), func(lo, hi int) {
@@ -154,7 +167,10 @@ func fastAddRMSNorm(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Te
 	if D == 0 || x.Numel() == 0 {
 		return []*tensor.Tensor{normed, sum}, nil
 	}
-	wv := w.Float32s()
+	wv, wbuf := floatsOf(w)
+	if wbuf != nil {
+		defer putF32(wbuf)
+	}
 	eps := float32(n.Attrs.Float("eps"))
 	sdt := sum.DType
 	rows := x.Numel() / D
