@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -25,14 +26,48 @@ import (
 
 // fp8MoEShapes are the tiny shapes, by synth shape, with their sparse layers of two.
 var fp8MoEShapes = []struct {
-	from   string
-	edits  map[string]any
-	sparse int
+	name, from string
+	edits      map[string]any
+	sparse     int
+	ct         bool // stored as compressed-tensors (toCompressedTensors)
 }{
 	// Layer 0 dense (mlp_only_layers): its MLP is linear_fp8 like the attention.
-	{"qwen3-30b-a3b", map[string]any{"moe_intermediate_size": 192, "intermediate_size": 256, "head_dim": 64, "mlp_only_layers": []int{0}}, 1},
+	{"qwen3moe", "qwen3-30b-a3b", map[string]any{"moe_intermediate_size": 192, "intermediate_size": 256, "head_dim": 64, "mlp_only_layers": []int{0}}, 1, false},
 	// block_sparse_moe.experts.N.w1/w2/w3, experts intermediate_size wide.
-	{"mixtral-8x7b", map[string]any{"intermediate_size": 192}, 2},
+	{"mixtral", "mixtral-8x7b", map[string]any{"intermediate_size": 192}, 2, false},
+	{"qwen3moe-ct", "qwen3-30b-a3b", map[string]any{"moe_intermediate_size": 192, "intermediate_size": 256, "head_dim": 64}, 2, true},
+}
+
+// toCompressedTensors turns the Hugging Face fp8 checkpoint in dir into compressed-tensors
+// FP8 with the same block scales, as llm-compressor writes it: quantization_config with one
+// group of 8-bit float weights, strategy block [128,128], targets Linear, the LM head and the
+// routers ignored, and each scale renamed <module>.weight_scale.
+func toCompressedTensors(t *testing.T, dir string) {
+	t.Helper()
+	path := filepath.Join(dir, "config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "float-quantized",
+		"ignore": []string{"lm_head", "re:.*mlp\\.gate$"},
+		"config_groups": map[string]any{"group_0": map[string]any{"targets": []string{"Linear"},
+			"weights":           map[string]any{"num_bits": 8, "type": "float", "strategy": "block", "block_structure": []int{128, 128}, "dynamic": false, "symmetric": true},
+			"input_activations": map[string]any{"num_bits": 8, "type": "float", "strategy": "token", "dynamic": true}}}}
+	if data, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rewriteEntries(t, dir, dir, func(name string, e *safetensors.Entry) bool {
+		e.Name = strings.Replace(name, ".weight_scale_inv", ".weight_scale", 1)
+		return true
+	})
 }
 
 // writeFP8MoE writes the tiny copy of shape from (registered in synth.Shapes under name for
@@ -142,7 +177,7 @@ var expertWeight = regexp.MustCompile(`\.experts\.\d+\.(gate_proj|up_proj|down_p
 // weight_scale_inv in f32, rounded once to bf16), and without the experts' scales; the
 // attention's and the dense MLP's fp8 weights and scales are copied as they are. It returns
 // the directory and how many expert weights it dequantized.
-func dequantizedExperts(t *testing.T, dir string) (string, int) {
+func dequantizedExperts(t *testing.T, dir, scaleSuffix string) (string, int) {
 	t.Helper()
 	out := t.TempDir()
 	f, err := safetensors.Open(filepath.Join(dir, model.SingleFile))
@@ -153,13 +188,13 @@ func dequantizedExperts(t *testing.T, dir string) (string, int) {
 	n := 0
 	rewriteEntries(t, dir, out, func(name string, e *safetensors.Entry) bool {
 		switch {
-		case strings.HasSuffix(name, ".weight_scale_inv") && expertWeight.MatchString(strings.TrimSuffix(name, "_scale_inv")):
+		case strings.HasSuffix(name, "."+scaleSuffix) && expertWeight.MatchString(strings.TrimSuffix(name, "."+scaleSuffix)+".weight"):
 			return false
 		case expertWeight.MatchString(name):
 			if e.DType != safetensors.F8E4M3 {
 				t.Fatalf("%s is %s, want F8_E4M3", name, e.DType)
 			}
-			scale, err := f.Raw(strings.TrimSuffix(name, "weight") + "weight_scale_inv")
+			scale, err := f.Raw(strings.TrimSuffix(name, "weight") + scaleSuffix)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -243,10 +278,15 @@ func fp8MoELogits(t *testing.T, dir, meshText string, sparse int) [][]float32 {
 // Quantization must show: the fp8 model's logits are not the bf16 checkpoint's.
 func TestFP8MoECheckpoints(t *testing.T) {
 	for _, s := range fp8MoEShapes {
-		t.Run(s.from, func(t *testing.T) {
-			plain, fp8 := writeFP8MoE(t, s.from, "test-fp8-moe-"+s.from, s.edits)
+		t.Run(s.name, func(t *testing.T) {
+			plain, fp8 := writeFP8MoE(t, s.from, "test-fp8-moe-"+s.name, s.edits)
 			varyScales(t, fp8)
-			deq, n := dequantizedExperts(t, fp8)
+			suffix := "weight_scale_inv"
+			if s.ct {
+				toCompressedTensors(t, fp8)
+				suffix = "weight_scale"
+			}
+			deq, n := dequantizedExperts(t, fp8, suffix)
 			if n != s.sparse*3*4 {
 				t.Fatalf("%d expert weights dequantized, want %d", n, s.sparse*3*4)
 			}
