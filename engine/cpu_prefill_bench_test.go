@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,8 @@ import (
 //	            --output-len 32 --concurrency 1)
 //	serve8:     8 such requests at once (the same at --concurrency 8)
 //
-// Each reports ms per iteration and, for decode, output tokens per second.
+// Each reports ms per iteration, garbage collections per iteration (gc/op) and, for decode,
+// output tokens per second.
 func BenchmarkCPUModel(b *testing.B) {
 	dir := os.Getenv("LOOM_BENCH_MODEL")
 	if dir == "" {
@@ -79,6 +81,9 @@ func BenchmarkCPUModel(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			run(b, c.n, c.promptLen, c.newToks, -1) // warm-up
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			gcs := ms.NumGC
 			i := 0
 			start := time.Now()
 			for b.Loop() {
@@ -86,7 +91,9 @@ func BenchmarkCPUModel(b *testing.B) {
 				i++
 			}
 			el := time.Since(start)
+			runtime.ReadMemStats(&ms)
 			b.ReportMetric(el.Seconds()*1e3/float64(i), "ms/op")
+			b.ReportMetric(float64(ms.NumGC-gcs)/float64(i), "gc/op")
 			if c.newToks > 1 {
 				b.ReportMetric(float64(c.n*c.newToks*i)/el.Seconds(), "tok/s")
 			}
