@@ -25,8 +25,8 @@ import (
 //
 // and, for a mixture-of-experts shape, "modules_to_not_convert" listing each layer's router
 // (transformers and Loom match those entries as substrings of a module's name, so the full
-// names leave the experts' gate_proj quantized). Loom loads the dense shapes' FP8
-// checkpoints; its loader does not read quantized mixture-of-experts checkpoints yet.
+// names leave the experts' gate_proj quantized). Loom loads both: the MoE shapes' experts
+// are dequantized to bf16 as they are read (model/quant_dequantize.go).
 
 // The FP8 formats of Options.FP8.
 const (

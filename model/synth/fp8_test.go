@@ -54,8 +54,8 @@ func tinyDense(from, name string) func() {
 // routers) is the same bf16 bytes. The config's quantization_config parses as Hugging Face
 // fp8 with 128x128 blocks. Dense shapes then load through engine.Load on the CPU into
 // linear_fp8 ops whose logits match a bf16 model holding the dequantized weights in f32.
-// (Loom does not load quantized mixture-of-experts checkpoints yet; those are checked on
-// their tensors.) synth's uniform weights give every block nearly the same amax, so the
+// Mixture-of-experts shapes are checked on their tensors here; their loading (experts
+// dequantized as read) is engine's TestFP8MoECheckpoints. synth's uniform weights give every block nearly the same amax, so the
 // scales' layout is checked by TestQuantizeBlocks, on values whose amax differs by block.
 func TestFP8Block(t *testing.T) {
 	for _, c := range []struct {
