@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"unsafe"
@@ -26,6 +28,15 @@ import (
 // releases the value (its last reader ran). Graph outputs are never released: their buffers
 // leave the arena with them and belong to the caller, so a later run cannot write into them.
 // Inputs, weights and anything a kernel made without the arena are never pooled.
+//
+// Buffers of offHeapBytes and more are anonymous mappings outside the Go heap (mapZeroed), so
+// that the pool does not raise the collector's heap goal (which grows with the live heap):
+// in the heap, the pool's 20-30 MB let as much garbage (mostly the logits each step hands to
+// the engine) pile up before a collection, and peak RSS grew by that much. Such a buffer
+// must never reach a caller: graph outputs are made without the arena, and an output whose
+// storage lies in a tracked buffer anyway (a kernel that returned a view) is copied to the
+// heap before Run returns. Mapped buffers are unmapped when the pool is full, on
+// Program.Release, and when the program is collected.
 
 // arenaMinBytes is the smallest buffer worth pooling; smaller ones come from the Go heap.
 const arenaMinBytes = 512
@@ -35,6 +46,9 @@ const arenaMinBytes = 512
 // set of a decode step or a prefill of a few hundred tokens of a 0.5-8B model, so those run
 // without fresh allocations; a much longer prefill reuses what fits.
 const arenaRetainBytes = 128 << 20
+
+// offHeapBytes is the smallest buffer the pool maps outside the Go heap.
+const offHeapBytes = 64 << 10
 
 // bufPool is a program's free buffers by size class (in 8-byte words), shared by its runs,
 // and the arenas of finished runs.
@@ -59,11 +73,31 @@ func (p *bufPool) get(words int) *abuf {
 	return nil
 }
 
-// put keeps b for a later get, unless the pool is full.
+// newPool returns an empty pool whose mapped buffers are unmapped once owner is collected.
+func newPool(owner *Program) *bufPool {
+	p := &bufPool{}
+	runtime.AddCleanup(owner, (*bufPool).drain, p)
+	return p
+}
+
+// drain frees every free buffer.
+func (p *bufPool) drain() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.free {
+		for _, b := range l {
+			b.drop()
+		}
+	}
+	p.free, p.bytes = nil, 0
+}
+
+// put keeps b for a later get, unless the pool is full: then b is freed.
 func (p *bufPool) put(b *abuf) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.bytes+8*len(b.mem) > arenaRetainBytes {
+		b.drop()
 		return
 	}
 	if p.free == nil {
@@ -122,8 +156,38 @@ func sizeClass(bytes int) int {
 // abuf is a pooled buffer handed out during a run.
 type abuf struct {
 	mem    []uint64
+	mapped []byte  // mem's mapping when it is outside the Go heap, else nil
 	lo, hi uintptr // its address range
 	refs   int     // live values whose storage lies in it
+}
+
+// newBuf returns a zeroed buffer of words 8-byte words: mapped outside the heap from
+// offHeapBytes up (in the heap if the mapping fails).
+func newBuf(words int) *abuf {
+	b := &abuf{}
+	if 8*words >= offHeapBytes {
+		if m, err := mapZeroed(8 * words); err == nil {
+			b.mapped = m
+			b.mem = unsafe.Slice((*uint64)(unsafe.Pointer(&m[0])), words)
+		}
+	}
+	if b.mem == nil {
+		b.mem = make([]uint64, words)
+	}
+	b.lo = uintptr(unsafe.Pointer(&b.mem[0]))
+	b.hi = b.lo + uintptr(8*words)
+	return b
+}
+
+// drop frees b's memory: unmaps a mapping (the heap's is left to the collector). Nothing
+// may refer to b any more.
+func (b *abuf) drop() {
+	if b.mapped != nil {
+		if err := unmap(b.mapped); err != nil {
+			slog.Warn("cpu: unmapping an activation buffer", "err", err)
+		}
+	}
+	b.mem, b.mapped = nil, nil
 }
 
 // arena is one run's view of its program's pool: the buffers it handed out and who holds
@@ -148,9 +212,7 @@ func (a *arena) alloc(dt tensor.DType, n int, zero bool) *tensor.Tensor {
 	words := sizeClass(bytes)
 	b := a.pool.get(words)
 	if b == nil {
-		b = &abuf{mem: make([]uint64, words)}
-		b.lo = uintptr(unsafe.Pointer(&b.mem[0]))
-		b.hi = b.lo + uintptr(8*words)
+		b = newBuf(words)
 	} else if zero {
 		clear(b.mem[:(bytes+7)/8])
 	}
@@ -281,13 +343,16 @@ func (a *arena) releaseLocked(slot int) {
 	}
 }
 
-// finish ends a run: the values of keep (the graph outputs) keep their buffers, which leave
-// the arena for good; every other buffer still held goes back to the pool, and the arena to
-// the pool for a later run.
-func (a *arena) finish(keep []int) {
+// finish ends a run: the values of keep (the graph outputs, in vals) that lie in a tracked
+// buffer are copied to the Go heap (a mapped buffer must not reach the caller, and a pooled
+// one would be reused under it); then every buffer goes back to the pool, and the arena to
+// the pool for a later run. After an error, keep is nil: nothing is returned to a caller.
+func (a *arena) finish(keep []int, vals []*tensor.Tensor) {
 	a.mu.Lock()
 	for _, s := range keep {
-		a.held[s] = nil // the caller's now: never released
+		if a.held[s] != nil && vals[s] != nil {
+			vals[s] = vals[s].Clone()
+		}
 	}
 	for s := range a.held {
 		a.releaseLocked(s)

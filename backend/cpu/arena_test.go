@@ -44,12 +44,13 @@ func TestArenaSameBitsAndOutputsKept(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	w := layerWeights(rng, smallLayer)
 	for _, tc := range []struct {
-		name string
-		g    *graph.Graph
+		name   string
+		g      *graph.Graph
+		mapped bool // some activation reaches offHeapBytes (the fused gate/up product at S=40)
 	}{
-		{"plain", plainLayer(t, smallLayer, tensor.F32)},
-		{"fused", fusedLayer(t, smallLayer, tensor.F32)},
-		{"fused-bf16", fusedLayer(t, smallLayer, tensor.BF16)},
+		{"plain", plainLayer(t, smallLayer, tensor.F32), false},
+		{"fused", fusedLayer(t, smallLayer, tensor.F32), true},
+		{"fused-bf16", fusedLayer(t, smallLayer, tensor.BF16), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, ph := arenaPrograms(t, tc.g, w, Lookup)
@@ -77,12 +78,24 @@ func TestArenaSameBitsAndOutputsKept(t *testing.T) {
 						t.Fatalf("after run %d: output of an earlier run (%d) changed", i, j)
 					}
 				}
-				for _, o := range got {
+				for j, o := range got {
+					if pa.bufs.holds(storage(o)) {
+						t.Fatalf("run %d: output %d lies in a buffer of the pool", i, j)
+					}
 					kept, copies = append(kept, o), append(copies, o.Clone())
 				}
 			}
 			if pa.bufs.bytes == 0 {
 				t.Errorf("the pool holds no buffer after the runs: nothing was pooled")
+			}
+			if mapped, heap := pa.bufs.kinds(); (tc.mapped && mapped == 0) || heap == 0 {
+				t.Errorf("the pool holds %d mapped and %d heap buffers", mapped, heap)
+			}
+			if err := pa.Release(); err != nil {
+				t.Fatal(err)
+			}
+			if mapped, heap := pa.bufs.kinds(); mapped+heap != 0 || pa.bufs.bytes != 0 {
+				t.Errorf("after Release the pool holds %d mapped and %d heap buffers, %d bytes", mapped, heap, pa.bufs.bytes)
 			}
 		})
 	}
@@ -207,4 +220,34 @@ func equalBits(a, b *tensor.Tensor) bool {
 		return slices.Equal(a.Bool, b.Bool)
 	}
 	return slices.Equal(a.U8, b.U8)
+}
+
+// holds reports whether address at lies in one of the pool's free buffers.
+func (p *bufPool) holds(at uintptr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.free {
+		for _, b := range l {
+			if b.lo <= at && at < b.hi {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// kinds counts the pool's free buffers mapped outside the heap and in the heap.
+func (p *bufPool) kinds() (mapped, heap int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.free {
+		for _, b := range l {
+			if b.mapped != nil {
+				mapped++
+			} else {
+				heap++
+			}
+		}
+	}
+	return mapped, heap
 }

@@ -42,8 +42,9 @@ type Program struct {
 
 	// bufs holds the activation buffers runs have given back, for the next steps and runs
 	// (arena.go); noArena (tests) makes runs allocate every output from the Go heap.
-	bufs    bufPool
-	noArena bool
+	bufs     *bufPool
+	noArena  bool
+	isOutput []bool // per slot: a graph output, made without the arena
 }
 
 type inputSlot struct {
@@ -109,6 +110,7 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 		return nil, fmt.Errorf("cpu: compile %s: %w", g.Name, err)
 	}
 	p := &Program{g: g, ranks: graph.CollectiveRanks(g)}
+	p.bufs = newPool(p)
 	slot := map[*graph.Value]int{}
 	for _, v := range g.Inputs {
 		slot[v] = len(p.values)
@@ -159,8 +161,10 @@ func compileWith(ctx context.Context, g *graph.Graph, w backend.Weights, lookup 
 			uses[slot[in]]++
 		}
 	}
+	p.isOutput = make([]bool, len(p.values))
 	for _, o := range g.Outputs {
 		p.outputs = append(p.outputs, slot[o])
+		p.isOutput[slot[o]] = true
 		uses[slot[o]]++
 	}
 	directs, deferred := directConcats(g, w, slot, uses)
@@ -346,6 +350,11 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 	var ar *arena
 	if !p.noArena {
 		ar = p.bufs.arena(len(p.values))
+		defer func() {
+			if ar != nil { // an error: every buffer goes back
+				ar.finish(nil, nil)
+			}
+		}()
 	}
 	for _, st := range p.steps {
 		if err := ctx.Err(); err != nil {
@@ -366,8 +375,10 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 		}
 		if ar != nil {
 			outScratch = append(outScratch[:0], outs...)
-			for i := range outScratch {
-				outScratch[i].arena = ar
+			for i, s := range st.out {
+				if !p.isOutput[s] {
+					outScratch[i].arena = ar
+				}
 			}
 			outs = outScratch
 		}
@@ -399,7 +410,8 @@ func (p *Program) Run(ctx context.Context, inputs map[string]*tensor.Tensor) ([]
 		}
 	}
 	if ar != nil {
-		ar.finish(p.outputs)
+		ar.finish(p.outputs, vals)
+		ar = nil
 	}
 	outs := make([]*tensor.Tensor, len(p.outputs))
 	for i, s := range p.outputs {

@@ -116,9 +116,13 @@ func (p *Program) ResidentBytes() int64 {
 	return n
 }
 
-// Release unmaps the storage of every resident input. A later run with a shape-only tensor
-// maps zeroed storage anew.
+// Release unmaps the storage of every resident input and frees the activation buffers the
+// program keeps between runs (arena.go). A later run with a shape-only tensor maps zeroed
+// storage anew.
 func (p *Program) Release() error {
+	if p.bufs != nil {
+		p.bufs.drain()
+	}
 	if p.resident == nil {
 		return nil
 	}
