@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -250,4 +251,43 @@ func (p *bufPool) kinds() (mapped, heap int) {
 		}
 	}
 	return mapped, heap
+}
+
+// TestArenaConcurrentRuns runs one program from several goroutines at once (they share its
+// pool): each run's outputs have the bits of the run without the arena on the same inputs.
+func TestArenaConcurrentRuns(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	w := layerWeights(rng, smallLayer)
+	pa, ph := arenaPrograms(t, fusedLayer(t, smallLayer, tensor.F32), w, Lookup)
+	const n = 4
+	ins := make([]map[string]*tensor.Tensor, n)
+	wants := make([][]*tensor.Tensor, n)
+	for i := range ins {
+		ins[i] = layerInputs(rng, 24+8*i)
+		var err error
+		if wants[i], err = ph.Run(context.Background(), ins[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			for range 3 {
+				got, err := pa.Run(context.Background(), ins[i])
+				if err == nil && !equalBits(got[0], wants[i][0]) {
+					err = fmt.Errorf("run on input %d: output differs from the run without the arena", i)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 }
