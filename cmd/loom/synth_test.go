@@ -65,25 +65,7 @@ func TestSynthMoE(t *testing.T) {
 		if !strings.Contains(opt, `"ids"`) || opt != plain {
 			t.Errorf("%s: optimized %s, plain %s", name, opt, plain)
 		}
-		out := filepath.Join(t.TempDir(), "final.txt")
-		if _, stderr, err := run(t, "compile", "--model", dir, "-o", out); err != nil {
-			t.Fatalf("%s: compile: %v\n%s", name, err, stderr)
-		}
-		text, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := graph.Parse(string(text))
-		if err != nil {
-			t.Fatal(err)
-		}
-		moes := 0
-		for _, n := range g.Nodes {
-			if n.Op == "moe" {
-				moes++
-			}
-		}
-		if moes != 2 {
+		if moes := compiledOps(t, dir, "moe"); moes != 2 {
 			t.Errorf("%s: %d moe ops in the optimized graph, want one a layer (2)", name, moes)
 		}
 	}
@@ -225,9 +207,18 @@ func TestSynthFP8(t *testing.T) {
 	if len(opt) != 4 || fmt.Sprint(opt) != fmt.Sprint(plain) {
 		t.Errorf("optimized %v, plain %v", opt, plain)
 	}
+	// A layer: q/k/v joined, o, gate/up joined, down.
+	if fp8 := compiledOps(t, dir, "linear_fp8"); fp8 != 8 {
+		t.Errorf("%d linear_fp8 ops in the optimized graph, want 4 a layer (8)", fp8)
+	}
+}
+
+// compiledOps counts the nodes of op in the graph `loom compile` writes for the model in dir.
+func compiledOps(t *testing.T, dir, op string) int {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "final.txt")
 	if _, stderr, err := run(t, "compile", "--model", dir, "-o", out); err != nil {
-		t.Fatalf("compile: %v\n%s", err, stderr)
+		t.Fatalf("compile %s: %v\n%s", dir, err, stderr)
 	}
 	text, err := os.ReadFile(out)
 	if err != nil {
@@ -237,14 +228,11 @@ func TestSynthFP8(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp8 := 0
+	count := 0
 	for _, n := range g.Nodes {
-		if n.Op == "linear_fp8" {
-			fp8++
+		if n.Op == op {
+			count++
 		}
 	}
-	// A layer: q/k/v joined, o, gate/up joined, down.
-	if fp8 != 8 {
-		t.Errorf("%d linear_fp8 ops in the optimized graph, want 4 a layer (8)", fp8)
-	}
+	return count
 }
