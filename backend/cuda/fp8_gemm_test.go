@@ -293,3 +293,42 @@ func TestFP8BatchWarning(t *testing.T) {
 		}
 	}
 }
+
+// TestFP8ScalesFor checks the scale modes products take and the workspace they need (no GPU
+// needed): VEC128 on both operands for tensor and channel scales when K is a multiple of
+// 128 (outer vectors otherwise, or with LOOM_CUDA_FP8_SCALES=outer), VEC128 with BLK128x128
+// for block scales; rows padded to 4 under VEC128, the padded product staged.
+func TestFP8ScalesFor(t *testing.T) {
+	defer func(v bool) { fp8OuterScales = v }(fp8OuterScales)
+	ch, blk := fp8Scheme{kind: 1, bn: 1, bk: 1}, fp8Scheme{kind: 2, bn: 128, bk: 128}
+	for _, tc := range []struct {
+		s     fp8Scheme
+		K     int
+		outer bool
+		want  fp8Scales
+	}{
+		{ch, 4096, false, fp8ScalesGroups},
+		{fp8Scheme{bn: 1, bk: 1}, 4096, false, fp8ScalesGroups},
+		{ch, 4112, false, fp8ScalesOuter},
+		{ch, 4096, true, fp8ScalesOuter},
+		{blk, 4096, false, fp8ScalesBlocks},
+		{blk, 4096, true, fp8ScalesBlocks},
+	} {
+		fp8OuterScales = tc.outer
+		if got := fp8ScalesFor(tc.s, tc.K); got != tc.want {
+			t.Errorf("%+v K=%d outer=%v: %s, want %s", tc.s, tc.K, tc.outer, got, tc.want)
+		}
+	}
+	// 13 rows of K=384 and N=400: q for 16 rows, x's scales 16x3, the weight's max(400x3,
+	// 4 row blocks x 4), the staged 16x400 bf16 product.
+	want := roundUp256(16*384) + roundUp256(4*16*3) + roundUp256(4*400*3) + roundUp256(2*16*400)
+	if got := fp8GemmWorkspace(13, 400, 384); got != want {
+		t.Errorf("workspace for 13x384 -> 400: %d, want %d", got, want)
+	}
+	if got, want := fp8GemmWorkspace(16, 400, 384), want-roundUp256(2*16*400); got != want {
+		t.Errorf("workspace for 16x384 -> 400 (no staging): %d, want %d", got, want)
+	}
+	if got := fp8BlockScaleLD(768); got != 8 {
+		t.Errorf("block-scale row of K=768: %d floats, want 8 (6 padded to 4s)", got)
+	}
+}
