@@ -69,18 +69,23 @@ func fastLinear(n *graph.Node, in []*tensor.Tensor, out []Out) ([]*tensor.Tensor
 		return nil, err
 	}
 	x, w, o := in[0], in[1], out[0]
-	var res []float32
-	if M > 0 && N > 0 && K > 0 {
-		res = o.scratchF32(M * N) // every element is written below
-		xs, buf := widenInto(x)
-		gemmRows(res, xs, w, M, N, K)
-		if buf != nil {
-			putF32(buf)
-		}
-	} else {
-		res = newShaped(o.arena, tensor.F32, []int{M * N}, true).F32
+	res := linearProduct(x, o, M, N, K, func(res, xs []float32) { gemmRows(res, xs, w, M, N, K) })
+	return []*tensor.Tensor{res}, nil
+}
+
+// linearProduct returns out o = x[M,K] times a weight of N rows, computed by gemm into
+// res[M*N] (every element written) from x widened to f32 (xs); zeros when a dimension is 0.
+func linearProduct(x *tensor.Tensor, o Out, M, N, K int, gemm func(res, xs []float32)) *tensor.Tensor {
+	if M == 0 || N == 0 || K == 0 {
+		return fromF32(newShaped(o.arena, tensor.F32, []int{M * N}, true).F32, o)
 	}
-	return []*tensor.Tensor{fromF32(res, o)}, nil
+	res := o.scratchF32(M * N)
+	xs, buf := widenInto(x)
+	gemm(res, xs)
+	if buf != nil {
+		putF32(buf)
+	}
+	return fromF32(res, o)
 }
 
 // groupBF16 and groupF32 compute the outputs of a group of up to four weight rows (see

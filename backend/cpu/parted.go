@@ -196,18 +196,7 @@ func fastLinearParts(x *tensor.Tensor, parts []*tensor.Tensor, o Out) (*tensor.T
 		return nil, err
 	}
 	M := tensor.Numel(x.Shape[:len(x.Shape)-1])
-	var res []float32
-	if M > 0 && N > 0 && K > 0 {
-		res = o.scratchF32(M * N) // every element is written below
-		xs, buf := widenInto(x)
-		gemmParts(res, xs, parts, M, N, K)
-		if buf != nil {
-			putF32(buf)
-		}
-	} else {
-		res = newShaped(o.arena, tensor.F32, []int{M * N}, true).F32
-	}
-	return fromF32(res, o), nil
+	return linearProduct(x, o, M, N, K, func(res, xs []float32) { gemmParts(res, xs, parts, M, N, K) }), nil
 }
 
 // gemmParts is gemmRows for a weight [N,K] given as its parts along N (see fastLinearParts):
