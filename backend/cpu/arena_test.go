@@ -61,19 +61,7 @@ func TestArenaSameBitsAndOutputsKept(t *testing.T) {
 				if tc.g.Inputs[0].Type.DType == tensor.BF16 {
 					in["h"] = in["h"].Cast(tensor.BF16)
 				}
-				got, err := pa.Run(context.Background(), in)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := ph.Run(context.Background(), in)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for j := range want {
-					if !equalBits(got[j], want[j]) {
-						t.Fatalf("run %d (S=%d): output %d differs from the run without the arena", i, S, j)
-					}
-				}
+				got := runBothSame(t, pa, ph, in, fmt.Sprintf("run %d (S=%d)", i, S))
 				for j, k := range kept {
 					if !equalBits(k, copies[j]) {
 						t.Fatalf("after run %d: output of an earlier run (%d) changed", i, j)
@@ -167,19 +155,7 @@ func TestArenaAliasedResult(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	for i := range 3 {
 		in := map[string]*tensor.Tensor{"x": randF32(rng, 64, 32)}
-		got, err := pa.Run(context.Background(), in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := ph.Run(context.Background(), in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for j := range want {
-			if !equalBits(got[j], want[j]) {
-				t.Fatalf("run %d: output %d differs from the run without the arena", i, j)
-			}
-		}
+		runBothSame(t, pa, ph, in, fmt.Sprintf("run %d", i))
 	}
 }
 
@@ -290,4 +266,24 @@ func TestArenaConcurrentRuns(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// runBothSame runs in through pa (with the arena) and ph (without) and fails unless every
+// output has the same bits; it returns pa's outputs.
+func runBothSame(t *testing.T, pa, ph *Program, in map[string]*tensor.Tensor, what string) []*tensor.Tensor {
+	t.Helper()
+	got, err := pa.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := ph.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j := range want {
+		if !equalBits(got[j], want[j]) {
+			t.Fatalf("%s: output %d differs from the run without the arena", what, j)
+		}
+	}
+	return got
 }
