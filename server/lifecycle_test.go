@@ -158,15 +158,10 @@ func TestModelsHealthMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The gauges of the engine's state settle once the engine has collected the steps it
-	// launched ahead of the request's last token, which may be after the response: wait for
-	// them (at most 10 s), then check every metric.
-	deadline := time.Now().Add(10 * time.Second)
-	for env.metric(t, "loom_kv_cache_blocks_used") != 0 || env.metric(t, "loom_requests_running") != 0 {
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	// launched ahead of the request's last token, which may be after the response.
+	eventually(t, "the KV blocks and the running request to be released", func() bool {
+		return env.metric(t, "loom_kv_cache_blocks_used") == 0 && env.metric(t, "loom_requests_running") == 0
+	})
 	for name, want := range map[string]float64{
 		"loom_prompt_tokens_total":                               4,
 		"loom_generation_tokens_total":                           6,
